@@ -1,0 +1,99 @@
+//! `rebound.toml`: per-mount settings, with defaults built in.
+//!
+//! Owns: the file format, its defaults and its error messages (one line naming the key).
+//! Must not: act on the settings.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Settings for one `rebound run`. Every key is optional; unknown keys are errors.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// How long the driver may take from start to `mount(2)` before rebound gives up on it
+    /// (it may be a command that is not a FUSE driver at all).
+    pub mount_timeout_ms: u64,
+    /// How long a stopping driver gets after SIGTERM before it is killed.
+    pub stop_timeout_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mount_timeout_ms: 30_000,
+            stop_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl Config {
+    /// Reads and checks a config file. The error is one line naming the file, the line and
+    /// the problem.
+    pub fn load(path: &Path) -> Result<Config, String> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("config {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("config {}: {e}", path.display()))
+    }
+
+    fn parse(text: &str) -> Result<Config, String> {
+        let config: Config = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+            let message = e.message().replace('\n', " ");
+            match line {
+                Some(line) => format!("line {line}: {message}"),
+                None => message,
+            }
+        })?;
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.mount_timeout_ms == 0 {
+            return Err("mount_timeout_ms: must be greater than 0".into());
+        }
+        if self.stop_timeout_ms == 0 {
+            return Err("stop_timeout_ms: must be greater than 0".into());
+        }
+        Ok(())
+    }
+
+    pub fn mount_timeout(&self) -> Duration {
+        Duration::from_millis(self.mount_timeout_ms)
+    }
+
+    pub fn stop_timeout(&self) -> Duration {
+        Duration::from_millis(self.stop_timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let config = Config::parse("").unwrap();
+        assert_eq!(config.mount_timeout_ms, 30_000);
+    }
+
+    #[test]
+    fn unknown_key_is_named_on_one_line() {
+        let err = Config::parse("mount_timeout_ms = 5\nmount_timout = 3\n").unwrap_err();
+        assert!(err.contains("mount_timout"), "{err}");
+        assert!(err.starts_with("line 2:"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_and_impossible_value_are_refused() {
+        let err = Config::parse("mount_timeout_ms = \"soon\"").unwrap_err();
+        assert!(err.contains("line 1"), "{err}");
+        let err = Config::parse("stop_timeout_ms = 0").unwrap_err();
+        assert!(err.contains("stop_timeout_ms"), "{err}");
+    }
+}

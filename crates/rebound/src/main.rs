@@ -1,0 +1,80 @@
+//! `rebound`: the command line. Parses arguments, sets up logging, hands over to the
+//! supervisor; nothing else lives here.
+
+mod config;
+mod proxy;
+mod supervisor;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use config::Config;
+
+/// Keep FUSE file systems alive across driver crashes: run an unmodified driver behind an
+/// isolation layer that owns its kernel connection.
+#[derive(Parser)]
+#[command(name = "rebound", version)]
+struct Cli {
+    /// More log output (-v debug, -vv trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Verb,
+}
+
+#[derive(Subcommand)]
+enum Verb {
+    /// Run a FUSE driver under rebound: `rebound run -- fuse2fs disk.img /mnt/disk`.
+    Run {
+        /// Settings file (TOML); built-in defaults otherwise.
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// The driver's own command line, unchanged.
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "DRIVER"
+        )]
+        driver: Vec<OsString>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+
+    match cli.command {
+        Verb::Run { config, driver } => {
+            let config = match config.as_deref().map(Config::load).transpose() {
+                Ok(config) => config.unwrap_or_default(),
+                Err(message) => {
+                    eprintln!("rebound: {message}");
+                    return ExitCode::from(2);
+                }
+            };
+            match supervisor::run(&config, &driver) {
+                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                Err(e) => {
+                    eprintln!("rebound: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! The isolation layer's data path: rebound's end of `/dev/fuse` on one side, the driver's
+//! message channel on the other, and every message checked as it crosses.
+//!
+//! Owns: the two forwarding threads (kernel to driver, driver to kernel), the INIT rewrite,
+//! reply validation against the [`InflightTable`], and answering the kernel in the driver's
+//! place when a reply is refused.
+//! Must not: know about processes or mounts (the supervisor's), or allocate per request: each
+//! thread reads into one buffer it reuses.
+//!
+//! The channel is an `AF_UNIX` `SOCK_SEQPACKET` socket pair: like `/dev/fuse` it keeps message
+//! boundaries, so an unmodified driver reads exactly one request per `read(2)` and writes one
+//! reply per `write(2)`.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use fuse_wire::{abi, DriverMessage, Opcode, Request};
+use rustix::io::Errno;
+use rustix::net::{RecvFlags, SendFlags};
+use tracker::{Inflight, InflightTable};
+
+/// Largest WRITE payload rebound lets a driver negotiate (the kernel's own ceiling with the
+/// default `max_pages_limit` of 256 pages).
+pub const MAX_WRITE: u32 = 1 << 20;
+/// Room for a request or reply of `MAX_WRITE` bytes of data plus headers and arguments.
+const BUFFER_SIZE: usize = MAX_WRITE as usize + 64 * 1024;
+/// Socket buffers must hold at least one message of `BUFFER_SIZE`; a few keep the driver's
+/// threads busy.
+const SOCKET_BUFFER: usize = 4 * BUFFER_SIZE;
+
+/// Why a forwarding thread stopped; reported to the supervisor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ProxyEvent {
+    /// `/dev/fuse` answered `ENODEV`: the file system was unmounted or the connection aborted.
+    KernelGone = 1,
+    /// The driver's end of the channel is closed: every process holding it has exited.
+    DriverGone = 2,
+}
+
+impl ProxyEvent {
+    pub fn from_byte(byte: u8) -> Option<Self> {
+        match byte {
+            1 => Some(ProxyEvent::KernelGone),
+            2 => Some(ProxyEvent::DriverGone),
+            _ => None,
+        }
+    }
+}
+
+/// Counters a forwarding thread keeps; read by the supervisor for logs and status.
+#[derive(Debug, Default)]
+pub struct ProxyStats {
+    pub requests: AtomicU64,
+    pub replies: AtomicU64,
+    pub notifications: AtomicU64,
+    /// Driver messages refused by validation.
+    pub refused: AtomicU64,
+}
+
+/// The channel pair a driver gets in place of `/dev/fuse`: rebound's end and the driver's.
+pub struct Channel {
+    pub ours: OwnedFd,
+    pub theirs: OwnedFd,
+}
+
+impl Channel {
+    pub fn new() -> io::Result<Channel> {
+        use rustix::net::{socketpair, sockopt, AddressFamily, SocketFlags, SocketType};
+        let (ours, theirs) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        for fd in [&ours, &theirs] {
+            // A datagram larger than the send buffer is refused (EMSGSIZE), so the buffers
+            // must exceed the largest message. The _FORCE variants need CAP_NET_ADMIN and
+            // ignore `net.core.wmem_max`.
+            sockopt::set_socket_send_buffer_size_force(fd, SOCKET_BUFFER)
+                .or_else(|_| sockopt::set_socket_send_buffer_size(fd, SOCKET_BUFFER))?;
+            sockopt::set_socket_recv_buffer_size_force(fd, SOCKET_BUFFER)
+                .or_else(|_| sockopt::set_socket_recv_buffer_size(fd, SOCKET_BUFFER))?;
+        }
+        Ok(Channel { ours, theirs })
+    }
+}
+
+/// A running proxy between one kernel connection and one driver channel.
+pub struct Proxy {
+    pub stats: Arc<ProxyStats>,
+}
+
+struct Shared {
+    kernel: OwnedFd,
+    driver: OwnedFd,
+    inflight: InflightTable,
+    /// Negotiated protocol minor version; 0 until INIT completes.
+    minor: AtomicU32,
+    stats: Arc<ProxyStats>,
+    events: UnixStream,
+}
+
+impl Shared {
+    fn report(&self, event: ProxyEvent) {
+        use std::io::Write;
+        // The supervisor polls the other end; if it is gone, so is everything else.
+        let _ = (&self.events).write_all(&[event as u8]);
+    }
+}
+
+impl Proxy {
+    /// Starts forwarding between `kernel` (rebound's `/dev/fuse`) and `driver` (rebound's end
+    /// of the channel). Events are written to `events` as single bytes.
+    pub fn start(kernel: OwnedFd, driver: OwnedFd, events: UnixStream) -> io::Result<Proxy> {
+        let stats = Arc::new(ProxyStats::default());
+        let shared = Arc::new(Shared {
+            kernel,
+            driver,
+            inflight: InflightTable::new(),
+            minor: AtomicU32::new(0),
+            stats: stats.clone(),
+            events,
+        });
+        let down = shared.clone();
+        let up = shared;
+        // The threads run for as long as rebound does: they end when either side closes.
+        std::thread::Builder::new()
+            .name("kernel-to-driver".into())
+            .spawn(move || kernel_to_driver(&down))?;
+        std::thread::Builder::new()
+            .name("driver-to-kernel".into())
+            .spawn(move || driver_to_kernel(&up))?;
+        Ok(Proxy { stats })
+    }
+}
+
+fn kernel_to_driver(shared: &Shared) {
+    let mut buf = vec![0u8; BUFFER_SIZE];
+    loop {
+        let len = match rustix::io::read(&shared.kernel, &mut buf[..]) {
+            Ok(len) => len,
+            // ENOENT: the request was interrupted before it could be read.
+            Err(Errno::INTR | Errno::NOENT | Errno::AGAIN) => continue,
+            Err(Errno::NODEV) => return shared.report(ProxyEvent::KernelGone),
+            Err(e) => {
+                tracing::error!("reading /dev/fuse: {e}");
+                return shared.report(ProxyEvent::KernelGone);
+            }
+        };
+        let msg = &mut buf[..len];
+        let (unique, raw_opcode, opcode, shape) = match Request::parse(msg) {
+            Ok(req) => (
+                req.header.unique,
+                req.header.opcode,
+                req.opcode,
+                req.reply_shape(),
+            ),
+            Err(e) => {
+                tracing::error!("unparsable request from the kernel: {e}");
+                continue;
+            }
+        };
+        if opcode == Some(Opcode::Init) {
+            fuse_wire::mask_init_request(msg);
+        }
+        // INTERRUPT replies are optional and carry their own id; they are checked on the way
+        // back without an entry.
+        if !matches!(
+            shape,
+            fuse_wire::ReplyShape::NoReply | fuse_wire::ReplyShape::ErrorOnly
+        ) {
+            shared.inflight.insert(
+                unique,
+                Inflight {
+                    opcode: raw_opcode,
+                    shape,
+                },
+            );
+        }
+        shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+        match rustix::net::send(&shared.driver, msg, SendFlags::NOSIGNAL) {
+            Ok(_) => {}
+            Err(Errno::PIPE | Errno::CONNRESET) => {
+                shared.inflight.take(unique);
+                return shared.report(ProxyEvent::DriverGone);
+            }
+            Err(e) => {
+                tracing::error!("sending request {unique} to the driver: {e}");
+                shared.inflight.take(unique);
+                answer_in_drivers_place(shared, unique, Errno::IO);
+            }
+        }
+    }
+}
+
+fn driver_to_kernel(shared: &Shared) {
+    let mut buf = vec![0u8; BUFFER_SIZE];
+    loop {
+        // TRUNC makes recv return the real length of an oversized message, so it is refused
+        // instead of being forwarded cut short.
+        let len = match rustix::net::recv(&shared.driver, &mut buf[..], RecvFlags::TRUNC) {
+            Ok((0, _)) => return shared.report(ProxyEvent::DriverGone),
+            Ok((len, _)) => len,
+            Err(Errno::INTR | Errno::AGAIN) => continue,
+            Err(e) => {
+                tracing::error!("reading from the driver: {e}");
+                return shared.report(ProxyEvent::DriverGone);
+            }
+        };
+        if len > buf.len() {
+            refuse(
+                shared,
+                None,
+                &format!("message of {len} bytes exceeds the channel"),
+            );
+            continue;
+        }
+        let msg = &mut buf[..len];
+        if let Some(reply_to) = check_driver_message(shared, msg) {
+            if reply_to.is_init
+                && fuse_wire::DriverMessage::parse(msg).map(|m| m.header.error) == Ok(0)
+            {
+                match fuse_wire::fix_init_reply(msg, MAX_WRITE) {
+                    Ok(init) => {
+                        shared.minor.store(init.minor, Ordering::Relaxed);
+                        tracing::info!(
+                            "driver speaks FUSE 7.{}, max_write {} bytes",
+                            init.minor,
+                            init.max_write
+                        );
+                    }
+                    Err(e) => {
+                        refuse(shared, Some(reply_to.unique), &format!("INIT reply: {e}"));
+                        continue;
+                    }
+                }
+            }
+            write_to_kernel(shared, msg);
+        }
+    }
+}
+
+/// What a driver message that passed the checks answers.
+struct ReplyTo {
+    unique: u64,
+    is_init: bool,
+}
+
+/// Applies the wrapper checks to one driver message. Returns where it goes if it may be
+/// forwarded; a refused reply is answered with `EIO` so the caller does not wait forever.
+fn check_driver_message(shared: &Shared, msg: &[u8]) -> Option<ReplyTo> {
+    let parsed = match DriverMessage::parse(msg) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            refuse(shared, None, &format!("malformed message: {e}"));
+            return None;
+        }
+    };
+    let unique = parsed.header.unique;
+    if parsed.is_notification() {
+        return match parsed.validate_notification() {
+            Ok(_) => {
+                shared.stats.notifications.fetch_add(1, Ordering::Relaxed);
+                Some(ReplyTo {
+                    unique,
+                    is_init: false,
+                })
+            }
+            Err(e) => {
+                refuse(shared, None, &format!("notification: {e}"));
+                None
+            }
+        };
+    }
+    if unique & abi::INT_REQ_BIT != 0 {
+        return match parsed.validate_reply(fuse_wire::ReplyShape::ErrorOnly, 0) {
+            Ok(()) => Some(ReplyTo {
+                unique,
+                is_init: false,
+            }),
+            Err(e) => {
+                refuse(
+                    shared,
+                    None,
+                    &format!("reply to INTERRUPT {unique:#x}: {e}"),
+                );
+                None
+            }
+        };
+    }
+    let Some(request) = shared.inflight.take(unique) else {
+        refuse(
+            shared,
+            None,
+            &format!("reply to request {unique}, which is not in flight"),
+        );
+        return None;
+    };
+    let minor = shared.minor.load(Ordering::Relaxed);
+    match parsed.validate_reply(request.shape, minor) {
+        Ok(()) => {
+            shared.stats.replies.fetch_add(1, Ordering::Relaxed);
+            Some(ReplyTo {
+                unique,
+                is_init: request.opcode == Opcode::Init as u32,
+            })
+        }
+        Err(e) => {
+            let op = Opcode::from_raw(request.opcode)
+                .map_or_else(|| request.opcode.to_string(), |op| format!("{op:?}"));
+            refuse(
+                shared,
+                Some(unique),
+                &format!("reply to {op} request {unique}: {e}"),
+            );
+            None
+        }
+    }
+}
+
+/// Logs a refused driver message; if it answered a known request, fails that request.
+fn refuse(shared: &Shared, unique: Option<u64>, why: &str) {
+    shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!("refused driver message: {why}");
+    if let Some(unique) = unique {
+        answer_in_drivers_place(shared, unique, Errno::IO);
+    }
+}
+
+fn answer_in_drivers_place(shared: &Shared, unique: u64, errno: Errno) {
+    let reply = fuse_wire::error_reply(unique, errno.raw_os_error());
+    write_to_kernel(shared, &reply);
+}
+
+fn write_to_kernel(shared: &Shared, msg: &[u8]) {
+    match rustix::io::write(shared.kernel.as_fd(), msg) {
+        Ok(_) => {}
+        // The request was interrupted and already completed: nobody waits for this reply.
+        Err(Errno::NOENT) => {}
+        Err(Errno::NODEV) => shared.report(ProxyEvent::KernelGone),
+        Err(e) => tracing::warn!("kernel refused a driver message: {e}"),
+    }
+}

@@ -1,0 +1,366 @@
+//! What rebound does with a driver's `mount(2)` and `umount2(2)`, reported by the seccomp
+//! filter (see `rebound_sys::seccomp`).
+//!
+//! A FUSE mount names an open `/dev/fuse` descriptor in its options (`fd=N`). rebound opens
+//! its own `/dev/fuse`, mounts with that descriptor instead, and replaces the caller's
+//! descriptor `N` with the driver's end of a message channel before answering "success". The
+//! caller may be the driver itself (libfuse as root, go-fuse's direct mount) or `fusermount3`,
+//! which then passes the channel to the driver as it would have passed `/dev/fuse`. Either way
+//! the driver never holds a real connection to the kernel.
+//!
+//! Owns: reading the call's arguments from the caller's memory, performing the mount and the
+//! unmount, answering the caller. Must not: touch the mounted file system (a path lookup on it
+//! could wait on the very driver that is blocked in this call).
+
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::{Component, Path, PathBuf};
+
+use rebound_sys::seccomp::{self, Notification};
+use rustix::io::Errno;
+
+use crate::proxy::Channel;
+
+/// The outcome of one intercepted system call.
+pub enum Intercepted {
+    /// The driver's FUSE mount is in place; rebound holds the kernel end.
+    Mounted(Mount),
+    /// The driver unmounted rebound's mount.
+    Unmounted,
+    /// Anything else: answered, nothing to do.
+    Other,
+}
+
+/// A FUSE mount made on behalf of the driver.
+pub struct Mount {
+    pub mountpoint: PathBuf,
+    pub fstype: String,
+    /// rebound's `/dev/fuse` descriptor for this mount.
+    pub kernel: OwnedFd,
+    /// rebound's end of the driver's channel.
+    pub channel: OwnedFd,
+    /// Inode of the driver's end of the channel, to find which process holds it.
+    pub channel_inode: u64,
+    /// The process that called `mount(2)`.
+    pub caller: u32,
+}
+
+/// Arguments of `mount(2)` as read from the caller.
+struct MountCall {
+    source: Option<Vec<u8>>,
+    target: PathBuf,
+    fstype: Option<Vec<u8>>,
+    flags: u64,
+    data: Option<Vec<u8>>,
+}
+
+/// Handles one notification. `ours` is the mount point rebound already serves, if any.
+pub fn handle(listener: BorrowedFd<'_>, notif: &Notification, ours: Option<&Path>) -> Intercepted {
+    let nr = i64::from(notif.data.nr);
+    let result = if nr == seccomp::NR_MOUNT {
+        handle_mount(listener, notif, ours)
+    } else if nr == seccomp::NR_UMOUNT2 {
+        handle_umount(listener, notif, ours)
+    } else {
+        seccomp::respond_continue(listener, notif.id).map(|_| Intercepted::Other)
+    };
+    result.unwrap_or_else(|e| {
+        // The caller died or was interrupted: its system call is gone, nothing to answer.
+        tracing::debug!("intercepted call of pid {} abandoned: {e}", notif.pid);
+        Intercepted::Other
+    })
+}
+
+fn handle_mount(
+    listener: BorrowedFd<'_>,
+    notif: &Notification,
+    ours: Option<&Path>,
+) -> io::Result<Intercepted> {
+    let call = match read_mount_call(notif) {
+        Ok(call) => call,
+        Err(errno) => {
+            seccomp::respond(listener, notif.id, -1, errno.raw_os_error())?;
+            return Ok(Intercepted::Other);
+        }
+    };
+    if !seccomp::id_valid(listener, notif.id) {
+        return Ok(Intercepted::Other);
+    }
+    let is_fuse = call
+        .fstype
+        .as_deref()
+        .is_some_and(|t| t == b"fuse" || t.starts_with(b"fuse.") || t.starts_with(b"fuseblk"));
+    if !is_fuse {
+        // Not ours to judge here (the sandbox will be); let the kernel decide.
+        seccomp::respond_continue(listener, notif.id)?;
+        return Ok(Intercepted::Other);
+    }
+    if let Some(mountpoint) = ours {
+        tracing::error!(
+            "driver asked for a second FUSE mount on {} while serving {}; refused",
+            call.target.display(),
+            mountpoint.display()
+        );
+        seccomp::respond(listener, notif.id, -1, libc_errno(Errno::BUSY))?;
+        return Ok(Intercepted::Other);
+    }
+    match mount_for_driver(listener, notif, &call) {
+        Ok(mount) => {
+            seccomp::respond(listener, notif.id, 0, 0)?;
+            Ok(Intercepted::Mounted(mount))
+        }
+        Err(errno) => {
+            seccomp::respond(listener, notif.id, -1, libc_errno(errno))?;
+            Ok(Intercepted::Other)
+        }
+    }
+}
+
+/// Mounts with rebound's own `/dev/fuse` and gives the caller the channel in place of its
+/// descriptor. Fails with the errno the caller should see.
+fn mount_for_driver(
+    listener: BorrowedFd<'_>,
+    notif: &Notification,
+    call: &MountCall,
+) -> Result<Mount, Errno> {
+    let data = call.data.as_deref().unwrap_or_default();
+    let driver_fd = fuse_fd_option(data).ok_or(Errno::INVAL)?;
+    let pid = notif.pid;
+    // The kernel would refuse an fd that is not /dev/fuse; so do we, before mounting.
+    let link =
+        std::fs::read_link(format!("/proc/{pid}/fd/{driver_fd}")).map_err(|_| Errno::BADF)?;
+    if link != Path::new("/dev/fuse") {
+        return Err(Errno::INVAL);
+    }
+    let cloexec = fd_is_cloexec(pid, driver_fd);
+
+    let kernel = rustix::fs::open(
+        "/dev/fuse",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    let data = replace_fd_option(data, std::os::fd::AsRawFd::as_raw_fd(&kernel));
+    let fstype = call.fstype.clone().unwrap_or_default();
+    let source = call.source.clone().unwrap_or_else(|| fstype.clone());
+    let to_c = |bytes: Vec<u8>| CString::new(bytes).map_err(|_| Errno::INVAL);
+    rustix::mount::mount(
+        to_c(source)?.as_c_str(),
+        call.target.as_path(),
+        to_c(fstype.clone())?.as_c_str(),
+        rustix::mount::MountFlags::from_bits_retain(call.flags as _),
+        to_c(data)?.as_c_str(),
+    )?;
+
+    let unmount = || {
+        let _ = rustix::mount::unmount(&call.target, rustix::mount::UnmountFlags::DETACH);
+    };
+    let channel = Channel::new().map_err(|e| {
+        unmount();
+        Errno::from_io_error(&e).unwrap_or(Errno::IO)
+    })?;
+    let channel_inode = rustix::fs::fstat(&channel.theirs)
+        .map(|st| st.st_ino)
+        .inspect_err(|_| unmount())?;
+    if let Err(e) = seccomp::install_fd_as(
+        listener,
+        notif.id,
+        channel.theirs.as_fd(),
+        driver_fd,
+        cloexec,
+    ) {
+        unmount();
+        tracing::warn!("could not hand the channel to pid {pid}: {e}");
+        return Err(Errno::from_io_error(&e).unwrap_or(Errno::IO));
+    }
+    Ok(Mount {
+        mountpoint: call.target.clone(),
+        fstype: String::from_utf8_lossy(&fstype).into_owned(),
+        kernel,
+        channel: channel.ours,
+        channel_inode,
+        caller: pid,
+    })
+}
+
+fn handle_umount(
+    listener: BorrowedFd<'_>,
+    notif: &Notification,
+    ours: Option<&Path>,
+) -> io::Result<Intercepted> {
+    let target = read_path(notif, notif.data.args[0]);
+    if !seccomp::id_valid(listener, notif.id) {
+        return Ok(Intercepted::Other);
+    }
+    let (Some(mountpoint), Ok(target)) = (ours, target) else {
+        seccomp::respond_continue(listener, notif.id)?;
+        return Ok(Intercepted::Other);
+    };
+    if normalize(&target) != normalize(mountpoint) {
+        seccomp::respond_continue(listener, notif.id)?;
+        return Ok(Intercepted::Other);
+    }
+    // rebound owns the mount, so rebound unmounts it, with the driver's flags.
+    let flags = rustix::mount::UnmountFlags::from_bits_retain(notif.data.args[1] as _);
+    match rustix::mount::unmount(mountpoint, flags) {
+        Ok(()) => {
+            seccomp::respond(listener, notif.id, 0, 0)?;
+            Ok(Intercepted::Unmounted)
+        }
+        Err(errno) => {
+            seccomp::respond(listener, notif.id, -1, libc_errno(errno))?;
+            Ok(Intercepted::Other)
+        }
+    }
+}
+
+fn read_mount_call(notif: &Notification) -> Result<MountCall, Errno> {
+    let args = notif.data.args;
+    let mem = File::open(format!("/proc/{}/mem", notif.pid)).map_err(|_| Errno::SRCH)?;
+    let string = |addr: u64, max: usize| -> Result<Option<Vec<u8>>, Errno> {
+        if addr == 0 {
+            return Ok(None);
+        }
+        read_c_string(&mem, addr, max)
+            .map(Some)
+            .map_err(|_| Errno::FAULT)
+    };
+    let target = read_path(notif, args[1]).map_err(|_| Errno::FAULT)?;
+    Ok(MountCall {
+        source: string(args[0], 4096)?,
+        target,
+        fstype: string(args[2], 256)?,
+        flags: args[3],
+        // The kernel copies at most one page of mount data.
+        data: string(args[4], 4096)?,
+    })
+}
+
+/// Reads a path argument and makes it absolute the way the caller would resolve it.
+fn read_path(notif: &Notification, addr: u64) -> io::Result<PathBuf> {
+    let mem = File::open(format!("/proc/{}/mem", notif.pid))?;
+    let raw = read_c_string(&mem, addr, 4096)?;
+    let path = Path::new(OsStr::from_bytes(&raw));
+    let base = if path.is_absolute() {
+        std::fs::read_link(format!("/proc/{}/root", notif.pid))?
+    } else {
+        std::fs::read_link(format!("/proc/{}/cwd", notif.pid))?
+    };
+    Ok(normalize(&base.join(path)))
+}
+
+/// Lexical normalisation: no `.` components, no trailing slash. Deliberately does not touch
+/// the file system (see the module comment).
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+/// Reads a NUL-terminated string of at most `max` bytes from another process, page by page so
+/// that a string ending just before an unmapped page is still read.
+fn read_c_string(mem: &File, addr: u64, max: usize) -> io::Result<Vec<u8>> {
+    const PAGE: u64 = 4096;
+    let mut out = Vec::new();
+    let mut at = addr;
+    while out.len() < max {
+        let to_page_end = (PAGE - at % PAGE) as usize;
+        let mut chunk = vec![0u8; to_page_end.min(max - out.len())];
+        let n = mem.read_at(&mut chunk, at)?;
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        if let Some(end) = chunk[..n].iter().position(|&b| b == 0) {
+            out.extend_from_slice(&chunk[..end]);
+            return Ok(out);
+        }
+        out.extend_from_slice(&chunk[..n]);
+        at += n as u64;
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        "string too long",
+    ))
+}
+
+/// The `fd=N` option of FUSE mount data.
+fn fuse_fd_option(data: &[u8]) -> Option<u32> {
+    data.split(|&b| b == b',')
+        .find_map(|opt| opt.strip_prefix(b"fd="))
+        .and_then(|n| std::str::from_utf8(n).ok()?.parse().ok())
+}
+
+/// The mount data with `fd=N` pointing at rebound's descriptor instead.
+fn replace_fd_option(data: &[u8], fd: i32) -> Vec<u8> {
+    let ours = format!("fd={fd}");
+    let options: Vec<&[u8]> = data
+        .split(|&b| b == b',')
+        .map(|opt| {
+            if opt.starts_with(b"fd=") {
+                ours.as_bytes()
+            } else {
+                opt
+            }
+        })
+        .collect();
+    options.join(&b","[..])
+}
+
+/// Whether the caller's descriptor has close-on-exec set (`flags:` in fdinfo is octal).
+fn fd_is_cloexec(pid: u32, fd: u32) -> bool {
+    const O_CLOEXEC: u32 = 0o2000000;
+    std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}"))
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        })
+        .is_some_and(|flags| flags & O_CLOEXEC != 0)
+}
+
+fn libc_errno(errno: Errno) -> i32 {
+    errno.raw_os_error()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fd_option_is_found_and_replaced() {
+        let data = b"fd=5,rootmode=40000,user_id=0,group_id=0,default_permissions";
+        assert_eq!(fuse_fd_option(data), Some(5));
+        assert_eq!(
+            replace_fd_option(data, 17),
+            b"fd=17,rootmode=40000,user_id=0,group_id=0,default_permissions".to_vec()
+        );
+        assert_eq!(fuse_fd_option(b"rootmode=40000"), None);
+        assert_eq!(fuse_fd_option(b"fd=x"), None);
+    }
+
+    #[test]
+    fn normalisation_is_lexical() {
+        assert_eq!(normalize(Path::new("/a/./b/../c/")), PathBuf::from("/a/c"));
+    }
+
+    #[test]
+    fn strings_are_read_from_process_memory() {
+        let text = std::ffi::CString::new("/mnt/some where").unwrap();
+        let mem = File::open("/proc/self/mem").unwrap();
+        let read = read_c_string(&mem, text.as_ptr() as u64, 4096).unwrap();
+        assert_eq!(read, b"/mnt/some where");
+        assert!(read_c_string(&mem, text.as_ptr() as u64, 4).is_err());
+    }
+}

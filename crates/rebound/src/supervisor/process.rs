@@ -1,0 +1,133 @@
+//! The driver's process tree, seen from rebound as child subreaper.
+//!
+//! Drivers daemonize (fork, parent exits) and start helpers (`ssh`, `fusermount3`). rebound
+//! is a child subreaper, so every orphan of the tree becomes its child and nothing escapes
+//! supervision. rebound starts no other processes, so "rebound's descendants" is exactly the
+//! driver's tree.
+//!
+//! Owns: reaping, listing descendants, signalling them. Must not: decide when to do so.
+
+use std::collections::HashMap;
+
+use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
+
+/// How a process ended, in the shell's terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+impl Exit {
+    fn from_status(status: WaitStatus) -> Exit {
+        if let Some(code) = status.exit_status() {
+            Exit::Code(code)
+        } else if let Some(sig) = status.terminating_signal() {
+            Exit::Signal(sig)
+        } else {
+            Exit::Code(1)
+        }
+    }
+
+    /// The exit code a shell would report for this ending.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            Exit::Code(code) => code,
+            Exit::Signal(sig) => 128 + sig,
+        }
+    }
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code(code) => write!(f, "exit status {code}"),
+            Exit::Signal(sig) => write!(f, "signal {sig}"),
+        }
+    }
+}
+
+/// Reaps every exited child without blocking. Returns `(pid, how it ended)` for each.
+pub fn reap_all() -> Vec<(i32, Exit)> {
+    let mut reaped = Vec::new();
+    while let Ok(Some((pid, status))) = rustix::process::wait(WaitOptions::NOHANG) {
+        reaped.push((pid.as_raw_nonzero().get(), Exit::from_status(status)));
+    }
+    reaped
+}
+
+/// Whether rebound still has any child process (running or not yet reaped).
+pub fn has_children() -> bool {
+    matches!(
+        rustix::process::waitid(
+            rustix::process::WaitId::All,
+            rustix::process::WaitIdOptions::EXITED
+                | rustix::process::WaitIdOptions::NOHANG
+                | rustix::process::WaitIdOptions::NOWAIT,
+        ),
+        Ok(_)
+    )
+}
+
+/// Every live descendant of this process, parents before children.
+pub fn descendants() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if let Some(ppid) = parent_of(pid) {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut out = Vec::new();
+    let mut queue = vec![me];
+    while let Some(pid) = queue.pop() {
+        if let Some(kids) = children.get(&pid) {
+            out.extend_from_slice(kids);
+            queue.extend_from_slice(kids);
+        }
+    }
+    out
+}
+
+/// The parent pid from `/proc/PID/stat` (the field after the parenthesised command name,
+/// which may itself contain spaces and parentheses).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Sends `signal` to every live descendant.
+pub fn signal_all(signal: Signal) {
+    for pid in descendants() {
+        if let Some(pid) = Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(pid, signal);
+        }
+    }
+}
+
+/// The descendant that holds a descriptor on the socket with inode `inode`: the process that
+/// serves the mount (the daemon, after a driver daemonizes).
+pub fn holder_of_socket(inode: u64) -> Option<i32> {
+    let needle = format!("socket:[{inode}]");
+    descendants().into_iter().find(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| {
+                std::fs::read_link(fd.path())
+                    .is_ok_and(|target| target.as_os_str() == needle.as_str())
+            })
+    })
+}

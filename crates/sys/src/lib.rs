@@ -1,0 +1,9 @@
+//! The only crate of rebound that contains `unsafe`: system interfaces that no safe crate
+//! wraps. Every `unsafe` block carries a `SAFETY:` reason.
+//!
+//! Owns: the seccomp user-notification filter that lets rebound see a driver's `mount(2)` and
+//! `umount2(2)` ([`seccomp`]), and spawning a driver with that filter in place ([`spawn`]).
+//! Must not: contain policy (what to do with a notification is the supervisor's business).
+
+pub mod seccomp;
+pub mod spawn;

@@ -1,0 +1,239 @@
+//! Seccomp user notification (`SECCOMP_RET_USER_NOTIF`, Linux 5.0+; `ADDFD` 5.9+).
+//!
+//! The filter hands `mount(2)` and `umount2(2)` of the driver's whole process tree to rebound,
+//! which performs them itself and answers in the driver's place. `fsopen(2)` fails with
+//! `ENOSYS` so that libraries fall back to `mount(2)`. Every other system call runs untouched,
+//! so the filter costs nothing on the driver's I/O path.
+//!
+//! Must not: decide anything about the calls it reports.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+const SECCOMP_SET_MODE_FILTER: libc::c_uint = 1;
+const SECCOMP_FILTER_FLAG_NEW_LISTENER: libc::c_ulong = 1 << 3;
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+const SECCOMP_RET_USER_NOTIF: u32 = 0x7fc0_0000;
+const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+const SECCOMP_USER_NOTIF_FLAG_CONTINUE: u32 = 1;
+const SECCOMP_ADDFD_FLAG_SETFD: u32 = 1;
+
+// ioctl numbers: _IOWR('!', 0, seccomp_notif), _IOWR('!', 1, seccomp_notif_resp),
+// _IOW('!', 2, u64), _IOW('!', 3, seccomp_notif_addfd).
+const IOCTL_NOTIF_RECV: libc::c_ulong = 0xc050_2100;
+const IOCTL_NOTIF_SEND: libc::c_ulong = 0xc018_2101;
+const IOCTL_NOTIF_ID_VALID: libc::c_ulong = 0x4008_2102;
+const IOCTL_NOTIF_ADDFD: libc::c_ulong = 0x4018_2103;
+
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xc000_003e;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xc000_00b7;
+/// System call numbers at or above this belong to the x32 ABI on x86_64; refuse them.
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+/// `struct seccomp_data`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SeccompData {
+    pub nr: i32,
+    pub arch: u32,
+    pub instruction_pointer: u64,
+    pub args: [u64; 6],
+}
+
+/// `struct seccomp_notif`: one intercepted system call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Notification {
+    pub id: u64,
+    pub pid: u32,
+    pub flags: u32,
+    pub data: SeccompData,
+}
+
+#[repr(C)]
+struct NotifResp {
+    id: u64,
+    val: i64,
+    error: i32,
+    flags: u32,
+}
+
+#[repr(C)]
+struct NotifAddfd {
+    id: u64,
+    flags: u32,
+    srcfd: u32,
+    newfd: u32,
+    newfd_flags: u32,
+}
+
+/// System calls the filter reports to rebound.
+pub const NR_MOUNT: i64 = libc::SYS_mount;
+pub const NR_UMOUNT2: i64 = libc::SYS_umount2;
+
+fn stmt(code: u16, k: u32) -> libc::sock_filter {
+    libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+/// The BPF program of the interception filter.
+fn interception_program() -> [libc::sock_filter; 10] {
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+    const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    // Offsets in struct seccomp_data.
+    const NR: u32 = 0;
+    const ARCH: u32 = 4;
+    [
+        /* 0 */ stmt(LD_W_ABS, ARCH),
+        /* 1 */ jump(JEQ_K, AUDIT_ARCH, 0, 7), // foreign ABI -> 9 (ENOSYS)
+        /* 2 */ stmt(LD_W_ABS, NR),
+        /* 3 */ jump(JGE_K, X32_SYSCALL_BIT, 5, 0), // x32 -> 9
+        /* 4 */ jump(JEQ_K, libc::SYS_mount as u32, 3, 0), // -> 8
+        /* 5 */ jump(JEQ_K, libc::SYS_umount2 as u32, 2, 0), // -> 8
+        /* 6 */ jump(JEQ_K, libc::SYS_fsopen as u32, 2, 0), // -> 9
+        /* 7 */ stmt(RET_K, SECCOMP_RET_ALLOW),
+        /* 8 */ stmt(RET_K, SECCOMP_RET_USER_NOTIF),
+        /* 9 */ stmt(RET_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+    ]
+}
+
+/// Installs the interception filter on the calling thread and returns the listener.
+///
+/// Async-signal-safe: called between `fork` and `exec`, it makes system calls only.
+pub fn install_interception_filter() -> io::Result<OwnedFd> {
+    let program = interception_program();
+    let fprog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    let load = || {
+        // SAFETY: `fprog` points at `program`, which outlives the call; the kernel copies the
+        // program before returning.
+        unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                SECCOMP_SET_MODE_FILTER,
+                SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                &fprog as *const libc::sock_fprog,
+            )
+        }
+    };
+    let mut fd = load();
+    if fd < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EACCES) {
+        // Without CAP_SYS_ADMIN a filter needs no_new_privs.
+        // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
+        if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        fd = load();
+    }
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this new descriptor, which nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn ioctl<T>(fd: BorrowedFd<'_>, request: libc::c_ulong, arg: *mut T) -> io::Result<libc::c_int> {
+    // SAFETY: callers pass a pointer to a live value of the struct type that `request`
+    // encodes; the kernel reads or writes at most that many bytes.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), request, arg) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// Receives the next notification, blocking until one arrives. `ENOENT` means the caller
+/// died or was interrupted before it could be read; callers retry.
+pub fn receive(listener: BorrowedFd<'_>) -> io::Result<Notification> {
+    let mut notif = Notification::default();
+    ioctl(listener, IOCTL_NOTIF_RECV, &mut notif)?;
+    Ok(notif)
+}
+
+/// Whether the notification `id` still waits for an answer (its caller is alive and blocked).
+/// Check after reading the caller's memory, before acting on what was read.
+pub fn id_valid(listener: BorrowedFd<'_>, id: u64) -> bool {
+    let mut id = id;
+    ioctl(listener, IOCTL_NOTIF_ID_VALID, &mut id).is_ok()
+}
+
+/// Answers `id`: the system call returns `val`, or fails with `errno` when it is not zero.
+pub fn respond(listener: BorrowedFd<'_>, id: u64, val: i64, errno: i32) -> io::Result<()> {
+    let mut resp = NotifResp {
+        id,
+        val,
+        error: -errno,
+        flags: 0,
+    };
+    ioctl(listener, IOCTL_NOTIF_SEND, &mut resp).map(drop)
+}
+
+/// Lets the system call `id` run in the kernel as if there were no filter.
+pub fn respond_continue(listener: BorrowedFd<'_>, id: u64) -> io::Result<()> {
+    let mut resp = NotifResp {
+        id,
+        val: 0,
+        error: 0,
+        flags: SECCOMP_USER_NOTIF_FLAG_CONTINUE,
+    };
+    ioctl(listener, IOCTL_NOTIF_SEND, &mut resp).map(drop)
+}
+
+/// Installs `src` in the caller of notification `id` as descriptor number `target_fd`,
+/// replacing what was there, atomically (like `dup3`).
+pub fn install_fd_as(
+    listener: BorrowedFd<'_>,
+    id: u64,
+    src: BorrowedFd<'_>,
+    target_fd: u32,
+    cloexec: bool,
+) -> io::Result<()> {
+    let mut addfd = NotifAddfd {
+        id,
+        flags: SECCOMP_ADDFD_FLAG_SETFD,
+        srcfd: src.as_raw_fd() as u32,
+        newfd: target_fd,
+        newfd_flags: if cloexec { libc::O_CLOEXEC as u32 } else { 0 },
+    };
+    ioctl(listener, IOCTL_NOTIF_ADDFD, &mut addfd).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jumps_land_on_the_intended_returns() {
+        let prog = interception_program();
+        let target = |i: usize, off: u8| i + 1 + off as usize;
+        assert_eq!(target(1, prog[1].jf), 9);
+        assert_eq!(target(3, prog[3].jt), 9);
+        assert_eq!(target(4, prog[4].jt), 8);
+        assert_eq!(target(5, prog[5].jt), 8);
+        assert_eq!(target(6, prog[6].jt), 9);
+        assert_eq!(prog[8].k, SECCOMP_RET_USER_NOTIF);
+        assert_eq!(prog[9].k, SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+    }
+
+    #[test]
+    fn struct_sizes_match_the_ioctl_numbers() {
+        assert_eq!(std::mem::size_of::<Notification>(), 0x50);
+        assert_eq!(std::mem::size_of::<NotifResp>(), 0x18);
+        assert_eq!(std::mem::size_of::<NotifAddfd>(), 0x18);
+    }
+}

@@ -1,0 +1,90 @@
+//! Starting a driver with the interception filter in place before its first instruction.
+//!
+//! The filter must be installed in the child between `fork` and `exec` (so it covers the
+//! driver and everything it starts, including a setuid `fusermount3`), but its listener
+//! descriptor is needed in rebound. The child sends it back over a socket pair.
+//!
+//! Must not: decide how the driver is started (arguments, environment, process group are set
+//! by the caller on the `Command`).
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
+
+use rustix::net::{
+    recvmsg, sendmsg, socketpair, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage,
+    RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+};
+
+use crate::seccomp;
+
+/// Spawns `command` under the interception filter. Returns the child and the filter's
+/// notification listener.
+pub fn spawn_intercepted(command: &mut Command) -> io::Result<(Child, OwnedFd)> {
+    let (ours, theirs) = socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    let theirs_raw = theirs.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and only makes system calls
+    // (seccomp, sendmsg on stack buffers, close); it allocates nothing and takes no locks, so
+    // it is async-signal-safe. `theirs_raw` stays open in the child: it is closed by
+    // CLOEXEC at exec.
+    unsafe {
+        command.pre_exec(move || {
+            let listener = seccomp::install_interception_filter()?;
+            // SAFETY: `theirs_raw` is open in the child until exec (see above).
+            let channel = BorrowedFd::borrow_raw(theirs_raw);
+            send_fd(channel, listener.as_fd())?;
+            drop(listener);
+            Ok(())
+        });
+    }
+    let child = command.spawn()?;
+    drop(theirs);
+    let listener = receive_fd(ours.as_fd())?;
+    Ok((child, listener))
+}
+
+fn send_fd(channel: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<()> {
+    let fds = [fd];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    sendmsg(
+        channel,
+        &[io::IoSlice::new(b"L")],
+        &mut control,
+        SendFlags::empty(),
+    )?;
+    Ok(())
+}
+
+fn receive_fd(channel: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    let msg = recvmsg(
+        channel,
+        &mut [io::IoSliceMut::new(&mut byte)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    if msg.bytes == 0 {
+        // The child exec'd (or failed) without sending: `spawn` reports exec errors itself.
+        return Err(io::Error::other(
+            "driver did not hand over its seccomp listener",
+        ));
+    }
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(mut fds) = message {
+            if let Some(fd) = fds.next() {
+                return Ok(fd);
+            }
+        }
+    }
+    Err(io::Error::other("seccomp listener missing from hand-over"))
+}
