@@ -210,6 +210,12 @@ fn handle_umount(
             seccomp::respond(listener, notif.id, 0, 0)?;
             Ok(Intercepted::Unmounted)
         }
+        // Already unmounted (by the user, or by rebound on its way out): what the driver
+        // wanted is done, and it should not report a failure for it.
+        Err(Errno::INVAL) => {
+            seccomp::respond(listener, notif.id, 0, 0)?;
+            Ok(Intercepted::Unmounted)
+        }
         Err(errno) => {
             seccomp::respond(listener, notif.id, -1, libc_errno(errno))?;
             Ok(Intercepted::Other)

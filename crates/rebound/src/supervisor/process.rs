@@ -58,15 +58,13 @@ pub fn reap_all() -> Vec<(i32, Exit)> {
 
 /// Whether rebound still has any child process (running or not yet reaped).
 pub fn has_children() -> bool {
-    matches!(
-        rustix::process::waitid(
-            rustix::process::WaitId::All,
-            rustix::process::WaitIdOptions::EXITED
-                | rustix::process::WaitIdOptions::NOHANG
-                | rustix::process::WaitIdOptions::NOWAIT,
-        ),
-        Ok(_)
+    rustix::process::waitid(
+        rustix::process::WaitId::All,
+        rustix::process::WaitIdOptions::EXITED
+            | rustix::process::WaitIdOptions::NOHANG
+            | rustix::process::WaitIdOptions::NOWAIT,
     )
+    .is_ok()
 }
 
 /// Every live descendant of this process, parents before children.

@@ -1,0 +1,192 @@
+//! Property tests: no bytes a driver can send make rebound's parser panic, and nothing that
+//! passes validation contradicts its own header. Runs in the default test suite.
+
+use fuse_wire::abi::{size, OutHeader};
+use fuse_wire::{fix_init_reply, DriverMessage, ReplyShape, Request};
+use proptest::prelude::*;
+use zerocopy::IntoBytes;
+
+fn any_shape() -> impl Strategy<Value = ReplyShape> {
+    prop_oneof![
+        Just(ReplyShape::NoReply),
+        Just(ReplyShape::ErrorOnly),
+        Just(ReplyShape::Empty),
+        any::<bool>().prop_map(|negative_ok| ReplyShape::Entry { negative_ok }),
+        Just(ReplyShape::Create),
+        Just(ReplyShape::Attr),
+        Just(ReplyShape::Open),
+        any::<u32>().prop_map(|max| ReplyShape::Write { max }),
+        any::<u32>().prop_map(ReplyShape::UpTo),
+        (0usize..512).prop_map(ReplyShape::Exact),
+        Just(ReplyShape::Statfs),
+        Just(ReplyShape::Init),
+        any::<u32>().prop_map(|out_size| ReplyShape::Ioctl { out_size }),
+        Just(ReplyShape::Any),
+    ]
+}
+
+/// A message whose header length is right but whose other fields and body are arbitrary:
+/// this reaches the per-opcode checks, which random bytes alone rarely do.
+fn framed_message() -> impl Strategy<Value = Vec<u8>> {
+    (
+        any::<i32>(),
+        any::<u64>(),
+        proptest::collection::vec(any::<u8>(), 0..400),
+    )
+        .prop_map(|(error, unique, body)| {
+            let header = OutHeader {
+                len: (size::OUT_HEADER + body.len()) as u32,
+                error,
+                unique,
+            };
+            let mut msg = header.as_bytes().to_vec();
+            msg.extend_from_slice(&body);
+            msg
+        })
+}
+
+fn exercise(bytes: &[u8], shape: ReplyShape, minor: u32) {
+    if let Ok(msg) = DriverMessage::parse(bytes) {
+        assert_eq!(msg.header.len as usize, bytes.len());
+        let _ = msg.validate_notification();
+        if msg.validate_reply(shape, minor).is_ok() && msg.header.error != 0 {
+            assert!(msg.body.is_empty(), "an error reply carries no body");
+        }
+    }
+    let mut copy = bytes.to_vec();
+    if fix_init_reply(&mut copy, 1 << 20).is_ok() {
+        assert_eq!(copy.len(), bytes.len(), "INIT rewrite keeps the length");
+    }
+    let _ = Request::parse(bytes).map(|r| r.reply_shape());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4096))]
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600),
+                                shape in any_shape(), minor in 0u32..50) {
+        exercise(&bytes, shape, minor);
+    }
+
+    #[test]
+    fn framed_messages_never_panic(bytes in framed_message(), shape in any_shape(),
+                                   minor in 0u32..50) {
+        exercise(&bytes, shape, minor);
+    }
+}
+
+#[test]
+fn an_oversized_read_reply_is_refused() {
+    let header = OutHeader {
+        len: (size::OUT_HEADER + 10) as u32,
+        error: 0,
+        unique: 9,
+    };
+    let mut msg = header.as_bytes().to_vec();
+    msg.extend_from_slice(&[0u8; 10]);
+    let parsed = DriverMessage::parse(&msg).unwrap();
+    assert!(parsed.validate_reply(ReplyShape::UpTo(10), 31).is_ok());
+    assert!(parsed.validate_reply(ReplyShape::UpTo(9), 31).is_err());
+    assert!(parsed.validate_reply(ReplyShape::Empty, 31).is_err());
+}
+
+#[test]
+fn error_values_outside_the_kernels_range_are_refused() {
+    for (error, ok) in [
+        (0, true),
+        (-2, true),
+        (-511, true),
+        (-512, false),
+        (1, false),
+    ] {
+        let header = OutHeader {
+            len: size::OUT_HEADER as u32,
+            error,
+            unique: 9,
+        };
+        let msg = header.as_bytes().to_vec();
+        let parsed = DriverMessage::parse(&msg).unwrap();
+        assert_eq!(
+            parsed.validate_reply(ReplyShape::Empty, 31).is_ok(),
+            ok,
+            "error {error}"
+        );
+    }
+}
+
+fn reply(error: i32, body: &[u8]) -> Vec<u8> {
+    let header = OutHeader {
+        len: (size::OUT_HEADER + body.len()) as u32,
+        error,
+        unique: 5,
+    };
+    let mut msg = header.as_bytes().to_vec();
+    msg.extend_from_slice(body);
+    msg
+}
+
+#[test]
+fn entries_must_name_a_node_with_a_real_file_type() {
+    use fuse_wire::abi::EntryOut;
+    let mut entry = EntryOut {
+        nodeid: 0,
+        ..Default::default()
+    };
+    entry.attr.mode = 0o040755;
+    let negative = reply(0, entry.as_bytes());
+    let msg = DriverMessage::parse(&negative).unwrap();
+    assert!(msg
+        .validate_reply(ReplyShape::Entry { negative_ok: true }, 31)
+        .is_ok());
+    assert!(msg
+        .validate_reply(ReplyShape::Entry { negative_ok: false }, 31)
+        .is_err());
+
+    entry.nodeid = 77;
+    entry.attr.mode = 0o755; // no file type bits
+    let typeless = reply(0, entry.as_bytes());
+    let msg = DriverMessage::parse(&typeless).unwrap();
+    assert!(msg
+        .validate_reply(ReplyShape::Entry { negative_ok: true }, 31)
+        .is_err());
+
+    // Protocol 7.8 and older use the 120-byte entry.
+    entry.attr.mode = 0o100644;
+    let legacy = reply(0, &entry.as_bytes()[..size::ENTRY_OUT_COMPAT]);
+    let msg = DriverMessage::parse(&legacy).unwrap();
+    assert!(msg
+        .validate_reply(ReplyShape::Entry { negative_ok: false }, 8)
+        .is_ok());
+    assert!(msg
+        .validate_reply(ReplyShape::Entry { negative_ok: false }, 31)
+        .is_err());
+}
+
+#[test]
+fn init_reply_loses_masked_capabilities_and_oversized_writes() {
+    use fuse_wire::abi::{InitOut, FLAGS2_OVER_IO_URING, FLAGS2_PASSTHROUGH};
+    let init = InitOut {
+        major: 7,
+        minor: 44,
+        max_write: 16 << 20,
+        max_pages: 4096,
+        flags2: FLAGS2_PASSTHROUGH | FLAGS2_OVER_IO_URING | 1,
+        ..Default::default()
+    };
+    let mut msg = reply(0, init.as_bytes());
+    let agreed = fix_init_reply(&mut msg, 1 << 20).unwrap();
+    assert_eq!(agreed.minor, 44);
+    assert_eq!(agreed.max_write, 1 << 20);
+    let sent = <InitOut as zerocopy::FromBytes>::read_from_bytes(&msg[size::OUT_HEADER..]).unwrap();
+    assert_eq!(sent.flags2, 1);
+    assert_eq!(sent.max_pages, 256);
+    assert_eq!(sent.max_write, 1 << 20);
+
+    // A libfuse 2 driver answers with the 24-byte layout; it stays 24 bytes.
+    let mut old = reply(0, &init.as_bytes()[..24]);
+    assert!(fix_init_reply(&mut old, 1 << 20).is_ok());
+    assert_eq!(old.len(), size::OUT_HEADER + 24);
+    let mut wrong_major = reply(0, InitOut { major: 8, ..init }.as_bytes());
+    assert!(fix_init_reply(&mut wrong_major, 1 << 20).is_err());
+}
