@@ -39,9 +39,12 @@ impl Config {
 
     fn parse(text: &str) -> Result<Config, String> {
         let config: Config = toml::from_str(text).map_err(|e| {
-            let line = e
-                .span()
-                .map(|span| text[..span.start.min(text.len())].lines().count().max(1));
+            let line = e.span().map(|span| {
+                1 + text.as_bytes()[..span.start.min(text.len())]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count()
+            });
             let message = e.message().replace('\n', " ");
             match line {
                 Some(line) => format!("line {line}: {message}"),
