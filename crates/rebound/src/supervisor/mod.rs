@@ -136,8 +136,10 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                             phase = Phase::Serving;
                         }
                         Intercepted::Unmounted => {
-                            tracing::info!("driver unmounted its file system");
-                            phase = stopping(config, false, 0);
+                            if !matches!(phase, Phase::Stopping { .. }) {
+                                tracing::info!("the driver unmounted its file system");
+                                phase = stopping(config, false, 0);
+                            }
                         }
                         Intercepted::Other => {}
                     }

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what rebound, its demo and its tests need on a fresh Debian/Ubuntu machine, as root.
+# Idempotent: packages already present are not fetched again, and `apt-get update` runs only
+# when something is missing.
+set -euo pipefail
+
+packages=(fuse3 libfuse3-dev fuse2fs e2fsprogs sshfs openssh-server openssh-client attr fio
+          gcc pkg-config python3 python3-pytest golang-go)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# A Go toolchain that is already on PATH (e.g. from go.dev) is as good as Debian's.
+if command -v go >/dev/null 2>&1; then
+  missing=("${missing[@]/golang-go}")
+fi
+# python3-pytest is only needed when pytest is not importable already.
+if python3 -c 'import pytest' 2>/dev/null; then
+  missing=("${missing[@]/python3-pytest}")
+fi
+read -r -a missing <<<"${missing[*]}"
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+  else
+    echo "deps: installing Debian's Rust toolchain" >&2
+    apt-get install -y -qq cargo rustc >/dev/null
+  fi
+fi
+[ -e /dev/fuse ] || { echo "deps: /dev/fuse is missing: load the fuse module (modprobe fuse)" >&2; exit 1; }
