@@ -1,7 +1,7 @@
 //! Seccomp user notification (`SECCOMP_RET_USER_NOTIF`, Linux 5.0+; `ADDFD` 5.9+).
 //!
-//! The filter hands `mount(2)` and `umount2(2)` of the driver's whole process tree to rebound,
-//! which performs them itself and answers in the driver's place. `fsopen(2)` fails with
+//! The filter hands `mount(2)`, `umount2(2)` and `ioctl(FUSE_DEV_IOC_CLONE)` of the driver's
+//! whole process tree to rebound, which performs them itself and answers in the driver's place. `fsopen(2)` fails with
 //! `ENOSYS` so that libraries fall back to `mount(2)`. Every other system call runs untouched,
 //! so the filter costs nothing on the driver's I/O path.
 //!
@@ -69,9 +69,10 @@ struct NotifAddfd {
     newfd_flags: u32,
 }
 
-/// System calls the filter reports to rebound.
+/// System calls the filter reports to rebound (`ioctl` only for `FUSE_DEV_IOC_CLONE`).
 pub const NR_MOUNT: i64 = libc::SYS_mount;
 pub const NR_UMOUNT2: i64 = libc::SYS_umount2;
+pub const NR_IOCTL: i64 = libc::SYS_ioctl;
 
 fn stmt(code: u16, k: u32) -> libc::sock_filter {
     libc::sock_filter {
@@ -86,26 +87,33 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
     libc::sock_filter { code, jt, jf, k }
 }
 
+/// `FUSE_DEV_IOC_CLONE`: `_IOR(229, 0, uint32_t)`.
+pub const FUSE_DEV_IOC_CLONE: u32 = 0x8004_e500;
+
 /// The BPF program of the interception filter.
-fn interception_program() -> [libc::sock_filter; 10] {
+fn interception_program() -> [libc::sock_filter; 13] {
     const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
     const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
     const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
     const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
-    // Offsets in struct seccomp_data.
+    // Offsets in struct seccomp_data; `args[1]` low word (little endian).
     const NR: u32 = 0;
     const ARCH: u32 = 4;
+    const ARG1_LOW: u32 = 24;
     [
         /* 0 */ stmt(LD_W_ABS, ARCH),
-        /* 1 */ jump(JEQ_K, AUDIT_ARCH, 0, 7), // foreign ABI -> 9 (ENOSYS)
+        /* 1 */ jump(JEQ_K, AUDIT_ARCH, 0, 10), // foreign ABI -> 12 (ENOSYS)
         /* 2 */ stmt(LD_W_ABS, NR),
-        /* 3 */ jump(JGE_K, X32_SYSCALL_BIT, 5, 0), // x32 -> 9
-        /* 4 */ jump(JEQ_K, libc::SYS_mount as u32, 3, 0), // -> 8
-        /* 5 */ jump(JEQ_K, libc::SYS_umount2 as u32, 2, 0), // -> 8
-        /* 6 */ jump(JEQ_K, libc::SYS_fsopen as u32, 2, 0), // -> 9
-        /* 7 */ stmt(RET_K, SECCOMP_RET_ALLOW),
-        /* 8 */ stmt(RET_K, SECCOMP_RET_USER_NOTIF),
-        /* 9 */ stmt(RET_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+        /* 3 */ jump(JGE_K, X32_SYSCALL_BIT, 8, 0), // x32 -> 12
+        /* 4 */ jump(JEQ_K, libc::SYS_mount as u32, 6, 0), // -> 11
+        /* 5 */ jump(JEQ_K, libc::SYS_umount2 as u32, 5, 0), // -> 11
+        /* 6 */ jump(JEQ_K, libc::SYS_fsopen as u32, 5, 0), // -> 12
+        /* 7 */ jump(JEQ_K, libc::SYS_ioctl as u32, 0, 2), // not ioctl -> 10
+        /* 8 */ stmt(LD_W_ABS, ARG1_LOW),
+        /* 9 */ jump(JEQ_K, FUSE_DEV_IOC_CLONE, 1, 0), // -> 11
+        /* 10 */ stmt(RET_K, SECCOMP_RET_ALLOW),
+        /* 11 */ stmt(RET_K, SECCOMP_RET_USER_NOTIF),
+        /* 12 */ stmt(RET_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
     ]
 }
 
@@ -221,13 +229,18 @@ mod tests {
     fn jumps_land_on_the_intended_returns() {
         let prog = interception_program();
         let target = |i: usize, off: u8| i + 1 + off as usize;
-        assert_eq!(target(1, prog[1].jf), 9);
-        assert_eq!(target(3, prog[3].jt), 9);
-        assert_eq!(target(4, prog[4].jt), 8);
-        assert_eq!(target(5, prog[5].jt), 8);
-        assert_eq!(target(6, prog[6].jt), 9);
-        assert_eq!(prog[8].k, SECCOMP_RET_USER_NOTIF);
-        assert_eq!(prog[9].k, SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+        let (allow, notify, enosys) = (10, 11, 12);
+        assert_eq!(target(1, prog[1].jf), enosys);
+        assert_eq!(target(3, prog[3].jt), enosys);
+        assert_eq!(target(4, prog[4].jt), notify);
+        assert_eq!(target(5, prog[5].jt), notify);
+        assert_eq!(target(6, prog[6].jt), enosys);
+        assert_eq!(target(7, prog[7].jf), allow);
+        assert_eq!(target(9, prog[9].jt), notify);
+        assert_eq!(target(9, prog[9].jf), allow);
+        assert_eq!(prog[allow].k, SECCOMP_RET_ALLOW);
+        assert_eq!(prog[notify].k, SECCOMP_RET_USER_NOTIF);
+        assert_eq!(prog[enosys].k, SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
     }
 
     #[test]

@@ -58,19 +58,34 @@ struct MountCall {
     data: Option<Vec<u8>>,
 }
 
-/// Handles one notification. `ours` is the mount point rebound already serves, if any.
-pub fn handle(listener: BorrowedFd<'_>, notif: &Notification, ours: Option<&Path>) -> Intercepted {
+/// The mount rebound already serves for this driver.
+pub struct Served<'a> {
+    pub mountpoint: &'a Path,
+    pub channel_inode: u64,
+}
+
+/// Handles one notification.
+pub fn handle(
+    listener: BorrowedFd<'_>,
+    notif: &Notification,
+    served: Option<Served<'_>>,
+) -> Intercepted {
     let nr = i64::from(notif.data.nr);
+    let ours = served.as_ref().map(|s| s.mountpoint);
     let result = if nr == seccomp::NR_MOUNT {
         handle_mount(listener, notif, ours)
     } else if nr == seccomp::NR_UMOUNT2 {
         handle_umount(listener, notif, ours)
+    } else if nr == seccomp::NR_IOCTL {
+        handle_clone(listener, notif, served.map(|s| s.channel_inode))
     } else {
         seccomp::respond_continue(listener, notif.id).map(|_| Intercepted::Other)
     };
     result.unwrap_or_else(|e| {
-        // The caller died or was interrupted: its system call is gone, nothing to answer.
-        tracing::debug!("intercepted call of pid {} abandoned: {e}", notif.pid);
+        // Usually the caller died or was interrupted and nothing waits for an answer; if it
+        // still waits, it must not wait forever.
+        tracing::debug!("intercepted call of pid {} failed: {e}", notif.pid);
+        let _ = seccomp::respond(listener, notif.id, -1, libc_errno(Errno::IO));
         Intercepted::Other
     })
 }
@@ -221,6 +236,72 @@ fn handle_umount(
             Ok(Intercepted::Other)
         }
     }
+}
+
+/// `ioctl(new_fd, FUSE_DEV_IOC_CLONE, &master)`: a multi-threaded driver (libfuse's
+/// `clone_fd`) asks for one more descriptor on its connection. When `master` is the driver's
+/// channel, `new_fd` becomes another descriptor on that same channel: as on a cloned
+/// `/dev/fuse`, readers share the requests, and a reply written on any descriptor reaches
+/// rebound, which routes it.
+fn handle_clone(
+    listener: BorrowedFd<'_>,
+    notif: &Notification,
+    channel_inode: Option<u64>,
+) -> io::Result<Intercepted> {
+    let pid = notif.pid;
+    let new_fd = notif.data.args[0] as u32;
+    let master = File::open(format!("/proc/{pid}/mem")).and_then(|mem| {
+        let mut raw = [0u8; 4];
+        mem.read_exact_at(&mut raw, notif.data.args[2])?;
+        Ok(u32::from_ne_bytes(raw))
+    });
+    let is_channel = |fd: u32| {
+        let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok();
+        channel_inode.is_some_and(|ino| link == Some(PathBuf::from(format!("socket:[{ino}]"))))
+    };
+    let Ok(master) = master else {
+        seccomp::respond(listener, notif.id, -1, libc_errno(Errno::FAULT))?;
+        return Ok(Intercepted::Other);
+    };
+    if !seccomp::id_valid(listener, notif.id) || !is_channel(master) {
+        seccomp::respond_continue(listener, notif.id)?;
+        return Ok(Intercepted::Other);
+    }
+    // Descriptors belong to the thread group; pidfds name its leader, not a thread.
+    let clone = || -> io::Result<()> {
+        let leader = thread_group_of(pid)?;
+        let pidfd = rustix::process::pidfd_open(leader, rustix::process::PidfdFlags::empty())?;
+        let channel = rustix::process::pidfd_getfd(
+            &pidfd,
+            master as i32,
+            rustix::process::PidfdGetfdFlags::empty(),
+        )?;
+        let cloexec = fd_is_cloexec(pid, new_fd);
+        seccomp::install_fd_as(listener, notif.id, channel.as_fd(), new_fd, cloexec)
+    };
+    if let Err(e) = clone() {
+        tracing::warn!("pid {pid}: cloning the channel failed: {e}");
+        seccomp::respond(
+            listener,
+            notif.id,
+            -1,
+            e.raw_os_error().unwrap_or(libc_errno(Errno::IO)),
+        )?;
+        return Ok(Intercepted::Other);
+    }
+    seccomp::respond(listener, notif.id, 0, 0)?;
+    tracing::debug!("pid {pid}: fd {new_fd} cloned from the channel (fd {master})");
+    Ok(Intercepted::Other)
+}
+
+/// The thread-group leader of thread `tid` (`Tgid:` in its status).
+fn thread_group_of(tid: u32) -> io::Result<rustix::process::Pid> {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))?
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| io::Error::other(format!("no thread group for {tid}")))
 }
 
 fn read_mount_call(notif: &Notification) -> Result<MountCall, Errno> {

@@ -116,7 +116,10 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         if listener_ready {
             match seccomp::receive(listener.as_fd()) {
                 Ok(notif) => {
-                    let ours = served.as_ref().map(|s| s.mountpoint.as_path());
+                    let ours = served.as_ref().map(|s| intercept::Served {
+                        mountpoint: &s.mountpoint,
+                        channel_inode: s.channel_inode,
+                    });
                     match intercept::handle(listener.as_fd(), &notif, ours) {
                         Intercepted::Mounted(mount) => {
                             tracing::info!(
