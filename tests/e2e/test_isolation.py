@@ -1,0 +1,133 @@
+"""rebound as an isolation layer: what a misbehaving or dying driver can and cannot do.
+
+Owns: the rogue driver scenarios (every malformed reply is refused before the kernel sees it,
+the caller gets EIO at once, the mount goes on serving) and the death of a driver while it
+serves (rebound notices, logs the cause, leaves no mount and no process behind).
+"""
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mounts
+
+ROGUE = Path(__file__).resolve().parents[1] / "fixtures" / "rogue_driver.py"
+BAD_NAMES = ("bad-size", "bad-error", "bad-type", "wrong-unique")
+
+
+def stat_errno(path, timeout=10):
+    """errno of stat(path) (0 on success), in a child so that a hang fails the test instead
+    of blocking it."""
+    code = ("import os,sys\n"
+            "try:\n os.stat(sys.argv[1]); print(0)\n"
+            "except OSError as e:\n print(e.errno)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                         text=True, timeout=timeout, check=True)
+    return int(out.stdout)
+
+
+def read_errno(path, timeout=10):
+    code = ("import sys\n"
+            "try:\n open(sys.argv[1],'rb').read(); print(0)\n"
+            "except OSError as e:\n print(e.errno)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                         text=True, timeout=timeout, check=True)
+    return int(out.stdout)
+
+
+class Running:
+    """`rebound run -- DRIVER...` in the background, stderr to a file, always cleaned up."""
+
+    def __init__(self, work, driver_argv):
+        self.work = work
+        self.mnt = work / "mnt"
+        self.mnt.mkdir(exist_ok=True)
+        self.err_path = work / "rebound.stderr"
+        with open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen([str(mounts.rebound_bin()), "run", "--"] + driver_argv,
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=err, start_new_session=True)
+
+    def wait_mounted(self):
+        def ready():
+            if mounts.is_fuse_mounted(self.mnt):
+                return True
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"rebound exited {self.proc.returncode}:\n{self.stderr()}")
+            return False
+        assert mounts.wait_for(ready, mounts.MOUNT_TIMEOUT), f"no mount:\n{self.stderr()}"
+
+    def stderr(self):
+        return self.err_path.read_text(errors="replace")
+
+    def cleanup(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        mounts.umount(self.mnt)
+        mounts.kill_all(list(mounts.procs_mentioning(self.mnt)))
+
+
+@pytest.fixture
+def running(workdir, rebound_bin):
+    started = []
+
+    def start(driver_argv):
+        r = Running(workdir, driver_argv(workdir / "mnt"))
+        started.append(r)
+        r.wait_mounted()
+        return r
+
+    yield start
+    for r in started:
+        r.cleanup()
+
+
+def test_malformed_replies_are_refused_and_the_mount_goes_on(running):
+    r = running(lambda mnt: [sys.executable, str(ROGUE), str(mnt)])
+    assert sorted(os.listdir(r.mnt)) == sorted(BAD_NAMES + ("good", "long-read"))
+    for name in BAD_NAMES:
+        # Directly mounted, "bad-error" leaves the caller waiting forever; behind rebound
+        # every bad reply becomes EIO at once.
+        assert stat_errno(r.mnt / name) == errno.EIO, name
+    assert read_errno(r.mnt / "long-read") == errno.EIO
+    assert (r.mnt / "good").read_bytes() == b"good data\n"
+
+    log = r.stderr()
+    for why in ("body of 121 bytes where 128 are required", "error value 5 out of range",
+                "impossible attribute: file type", "which is not in flight",
+                "exceeds the 4096 allowed"):
+        assert why in log, f"no refusal for {why!r} in:\n{log}"
+
+    r.proc.send_signal(signal.SIGTERM)
+    assert r.proc.wait(timeout=mounts.STOP_TIMEOUT) == 0, r.stderr()
+    assert not mounts.is_mounted(r.mnt)
+
+
+def test_a_driver_killed_while_serving_leaves_nothing_behind(running, workdir):
+    src = workdir / "src"
+    src.mkdir()
+    (src / "f").write_text("x")
+    ll = str(mounts.fixture_bin("passthrough_ll"))
+    r = running(lambda mnt: [ll, "-o", f"source={src}", str(mnt)])
+    assert (r.mnt / "f").read_text() == "x"
+    # The daemon is the process (other than rebound) whose command line names the mount.
+    daemon = mounts.wait_for(
+        lambda: [p for p in mounts.procs_mentioning(r.mnt) if p != r.proc.pid], 5)
+    assert daemon, "no driver daemon found"
+    for pid in daemon:
+        os.kill(pid, signal.SIGKILL)
+    # Until recovery lands, a dead driver ends the run: with an error, and cleanly.
+    assert r.proc.wait(timeout=mounts.STOP_TIMEOUT) == 1, r.stderr()
+    assert "is gone" in r.stderr() or "closed its channel" in r.stderr(), r.stderr()
+    assert not mounts.is_mounted(r.mnt)
+    assert mounts.wait_for(lambda: not mounts.procs_mentioning(r.mnt), 5), "driver processes left"
