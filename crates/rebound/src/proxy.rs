@@ -102,6 +102,52 @@ struct Shared {
     minor: AtomicU32,
     stats: Arc<ProxyStats>,
     events: UnixStream,
+    refusal_log: LogBudget,
+}
+
+const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
+
+/// A per-second budget of log lines, shared between threads without a lock.
+struct LogBudget {
+    start: std::time::Instant,
+    /// Second (since `start`) of the current window in the high half, lines used in the low.
+    window: AtomicU64,
+    per_second: u32,
+}
+
+impl LogBudget {
+    fn new(per_second: u32) -> Self {
+        LogBudget {
+            start: std::time::Instant::now(),
+            window: AtomicU64::new(0),
+            per_second,
+        }
+    }
+
+    fn allow(&self) -> bool {
+        let now = self.start.elapsed().as_secs();
+        let mut current = self.window.load(Ordering::Relaxed);
+        loop {
+            let (second, used) = (current >> 32, current & 0xffff_ffff);
+            let next = if second == now {
+                if used >= u64::from(self.per_second) {
+                    return false;
+                }
+                current + 1
+            } else {
+                (now << 32) | 1
+            };
+            match self.window.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
 }
 
 impl Shared {
@@ -124,6 +170,7 @@ impl Proxy {
             minor: AtomicU32::new(0),
             stats: stats.clone(),
             events,
+            refusal_log: LogBudget::new(REFUSALS_LOGGED_PER_SECOND),
         });
         let down = shared.clone();
         let up = shared;
@@ -323,9 +370,15 @@ fn check_driver_message(shared: &Shared, msg: &[u8]) -> Option<ReplyTo> {
 }
 
 /// Logs a refused driver message; if it answered a known request, fails that request.
+/// A driver can send garbage as fast as it likes, so at most `REFUSALS_LOGGED_PER_SECOND`
+/// are logged each second; the count in the stats is complete.
 fn refuse(shared: &Shared, unique: Option<u64>, why: &str) {
-    shared.stats.refused.fetch_add(1, Ordering::Relaxed);
-    tracing::warn!("refused driver message: {why}");
+    let total = shared.stats.refused.fetch_add(1, Ordering::Relaxed) + 1;
+    if shared.refusal_log.allow() {
+        tracing::warn!("refused driver message: {why}");
+    } else {
+        tracing::debug!("refused driver message ({total} in all): {why}");
+    }
     if let Some(unique) = unique {
         answer_in_drivers_place(shared, unique, Errno::IO);
     }
@@ -343,5 +396,18 @@ fn write_to_kernel(shared: &Shared, msg: &[u8]) {
         Err(Errno::NOENT) => {}
         Err(Errno::NODEV) => shared.report(ProxyEvent::KernelGone),
         Err(e) => tracing::warn!("kernel refused a driver message: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogBudget;
+
+    #[test]
+    fn log_budget_allows_a_fixed_number_per_second() {
+        let budget = LogBudget::new(3);
+        let allowed = (0..10).filter(|_| budget.allow()).count();
+        // All ten calls fall in the same second unless the test straddles a boundary.
+        assert!((3..=6).contains(&allowed), "{allowed}");
     }
 }
