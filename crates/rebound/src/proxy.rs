@@ -12,7 +12,7 @@
 //! reply per `write(2)`.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -92,6 +92,9 @@ impl Channel {
 /// A running proxy between one kernel connection and one driver channel.
 pub struct Proxy {
     pub stats: Arc<ProxyStats>,
+    shared: Arc<Shared>,
+    /// Reused by [`Proxy::deliver_spliced`], so a splice allocates nothing.
+    splice_buffer: std::sync::Mutex<Vec<u8>>,
 }
 
 struct Shared {
@@ -173,7 +176,7 @@ impl Proxy {
             refusal_log: LogBudget::new(REFUSALS_LOGGED_PER_SECOND),
         });
         let down = shared.clone();
-        let up = shared;
+        let up = shared.clone();
         // The threads run for as long as rebound does: they end when either side closes.
         std::thread::Builder::new()
             .name("kernel-to-driver".into())
@@ -181,7 +184,49 @@ impl Proxy {
         std::thread::Builder::new()
             .name("driver-to-kernel".into())
             .spawn(move || driver_to_kernel(&up))?;
-        Ok(Proxy { stats })
+        Ok(Proxy {
+            stats,
+            shared,
+            splice_buffer: std::sync::Mutex::new(vec![0u8; BUFFER_SIZE]),
+        })
+    }
+
+    /// Performs a driver's `splice(pipe -> channel, len)`: reads what the pipe holds (up to
+    /// `len` bytes) as one message and delivers it with the same checks as a `write(2)`.
+    /// A socket would cut a spliced message into datagrams of 16 pipe buffers each, which
+    /// other threads' replies could interleave; doing the splice here keeps it whole.
+    /// Returns the number of bytes taken from the pipe.
+    pub fn deliver_spliced(&self, pipe: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+        let mut buf = self.splice_buffer.lock().unwrap_or_else(|e| e.into_inner());
+        let want = len.min(buf.len());
+        let mut got = 0;
+        // One message may sit in several pipe buffers; read until `len` or the pipe is empty.
+        while got < want {
+            let ready = rustix::event::poll(
+                &mut [rustix::event::PollFd::new(
+                    &pipe,
+                    rustix::event::PollFlags::IN,
+                )],
+                Some(&rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                }),
+            )?;
+            if ready == 0 {
+                break;
+            }
+            match rustix::io::read(pipe, &mut buf[got..want]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if got == 0 {
+            return Err(Errno::AGAIN.into());
+        }
+        deliver_driver_message(&self.shared, &mut buf[..got]);
+        Ok(got)
     }
 }
 
@@ -266,29 +311,32 @@ fn driver_to_kernel(shared: &Shared) {
             );
             continue;
         }
-        let msg = &mut buf[..len];
-        if let Some(reply_to) = check_driver_message(shared, msg) {
-            if reply_to.is_init
-                && fuse_wire::DriverMessage::parse(msg).map(|m| m.header.error) == Ok(0)
-            {
-                match fuse_wire::fix_init_reply(msg, MAX_WRITE) {
-                    Ok(init) => {
-                        shared.minor.store(init.minor, Ordering::Relaxed);
-                        tracing::info!(
-                            "driver speaks FUSE 7.{}, max_write {} bytes",
-                            init.minor,
-                            init.max_write
-                        );
-                    }
-                    Err(e) => {
-                        refuse(shared, Some(reply_to.unique), &format!("INIT reply: {e}"));
-                        continue;
-                    }
-                }
+        deliver_driver_message(shared, &mut buf[..len]);
+    }
+}
+
+/// Checks one whole driver message and, if it passes, forwards it to the kernel.
+fn deliver_driver_message(shared: &Shared, msg: &mut [u8]) {
+    let Some(reply_to) = check_driver_message(shared, msg) else {
+        return;
+    };
+    if reply_to.is_init && DriverMessage::parse(msg).map(|m| m.header.error) == Ok(0) {
+        match fuse_wire::fix_init_reply(msg, MAX_WRITE) {
+            Ok(init) => {
+                shared.minor.store(init.minor, Ordering::Relaxed);
+                tracing::info!(
+                    "driver speaks FUSE 7.{}, max_write {} bytes",
+                    init.minor,
+                    init.max_write
+                );
             }
-            write_to_kernel(shared, msg);
+            Err(e) => {
+                refuse(shared, Some(reply_to.unique), &format!("INIT reply: {e}"));
+                return;
+            }
         }
     }
+    write_to_kernel(shared, msg);
 }
 
 /// What a driver message that passed the checks answers.

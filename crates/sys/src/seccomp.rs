@@ -1,7 +1,8 @@
 //! Seccomp user notification (`SECCOMP_RET_USER_NOTIF`, Linux 5.0+; `ADDFD` 5.9+).
 //!
-//! The filter hands `mount(2)`, `umount2(2)` and `ioctl(FUSE_DEV_IOC_CLONE)` of the driver's
-//! whole process tree to rebound, which performs them itself and answers in the driver's place. `fsopen(2)` fails with
+//! The filter hands `mount(2)`, `umount2(2)`, `ioctl(FUSE_DEV_IOC_CLONE)` and offset-less
+//! `splice(2)` of the driver's whole process tree to rebound, which performs them itself (or
+//! lets them continue) and answers in the driver's place. `fsopen(2)` fails with
 //! `ENOSYS` so that libraries fall back to `mount(2)`. Every other system call runs untouched,
 //! so the filter costs nothing on the driver's I/O path.
 //!
@@ -69,10 +70,12 @@ struct NotifAddfd {
     newfd_flags: u32,
 }
 
-/// System calls the filter reports to rebound (`ioctl` only for `FUSE_DEV_IOC_CLONE`).
+/// System calls the filter reports to rebound (`ioctl` only for `FUSE_DEV_IOC_CLONE`, `splice`
+/// only without offsets).
 pub const NR_MOUNT: i64 = libc::SYS_mount;
 pub const NR_UMOUNT2: i64 = libc::SYS_umount2;
 pub const NR_IOCTL: i64 = libc::SYS_ioctl;
+pub const NR_SPLICE: i64 = libc::SYS_splice;
 
 fn stmt(code: u16, k: u32) -> libc::sock_filter {
     libc::sock_filter {
@@ -91,29 +94,48 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
 pub const FUSE_DEV_IOC_CLONE: u32 = 0x8004_e500;
 
 /// The BPF program of the interception filter.
-fn interception_program() -> [libc::sock_filter; 13] {
+fn interception_program() -> [libc::sock_filter; 22] {
     const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
     const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
     const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
     const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
-    // Offsets in struct seccomp_data; `args[1]` low word (little endian).
+    // Offsets in struct seccomp_data: nr, arch, then args[i] at 16 + 8 i (low word first).
     const NR: u32 = 0;
     const ARCH: u32 = 4;
-    const ARG1_LOW: u32 = 24;
+    const fn arg_low(i: u32) -> u32 {
+        16 + 8 * i
+    }
+    const fn arg_high(i: u32) -> u32 {
+        20 + 8 * i
+    }
+    // Jump offsets below are relative to the next instruction; the targets are
+    // ALLOW = 19, NOTIFY = 20, ENOSYS = 21 (checked by a unit test).
     [
         /* 0 */ stmt(LD_W_ABS, ARCH),
-        /* 1 */ jump(JEQ_K, AUDIT_ARCH, 0, 10), // foreign ABI -> 12 (ENOSYS)
+        /* 1 */ jump(JEQ_K, AUDIT_ARCH, 0, 19), // foreign ABI -> ENOSYS
         /* 2 */ stmt(LD_W_ABS, NR),
-        /* 3 */ jump(JGE_K, X32_SYSCALL_BIT, 8, 0), // x32 -> 12
-        /* 4 */ jump(JEQ_K, libc::SYS_mount as u32, 6, 0), // -> 11
-        /* 5 */ jump(JEQ_K, libc::SYS_umount2 as u32, 5, 0), // -> 11
-        /* 6 */ jump(JEQ_K, libc::SYS_fsopen as u32, 5, 0), // -> 12
+        /* 3 */ jump(JGE_K, X32_SYSCALL_BIT, 17, 0), // x32 -> ENOSYS
+        /* 4 */ jump(JEQ_K, libc::SYS_mount as u32, 15, 0), // -> NOTIFY
+        /* 5 */ jump(JEQ_K, libc::SYS_umount2 as u32, 14, 0), // -> NOTIFY
+        /* 6 */ jump(JEQ_K, libc::SYS_fsopen as u32, 14, 0), // -> ENOSYS
         /* 7 */ jump(JEQ_K, libc::SYS_ioctl as u32, 0, 2), // not ioctl -> 10
-        /* 8 */ stmt(LD_W_ABS, ARG1_LOW),
-        /* 9 */ jump(JEQ_K, FUSE_DEV_IOC_CLONE, 1, 0), // -> 11
-        /* 10 */ stmt(RET_K, SECCOMP_RET_ALLOW),
-        /* 11 */ stmt(RET_K, SECCOMP_RET_USER_NOTIF),
-        /* 12 */ stmt(RET_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+        /* 8 */ stmt(LD_W_ABS, arg_low(1)),
+        /* 9 */ jump(JEQ_K, FUSE_DEV_IOC_CLONE, 10, 9), // -> NOTIFY, else ALLOW
+        // splice(fd_in, off_in, fd_out, off_out, len, flags) into the channel has no offsets;
+        // splices with an offset (file to pipe) never involve the channel.
+        /* 10 */
+        jump(JEQ_K, libc::SYS_splice as u32, 0, 8), // not splice -> ALLOW
+        /* 11 */ stmt(LD_W_ABS, arg_low(1)),
+        /* 12 */ jump(JEQ_K, 0, 0, 6), // off_in set -> ALLOW
+        /* 13 */ stmt(LD_W_ABS, arg_high(1)),
+        /* 14 */ jump(JEQ_K, 0, 0, 4),
+        /* 15 */ stmt(LD_W_ABS, arg_low(3)),
+        /* 16 */ jump(JEQ_K, 0, 0, 2),
+        /* 17 */ stmt(LD_W_ABS, arg_high(3)),
+        /* 18 */ jump(JEQ_K, 0, 1, 0), // both offsets NULL -> NOTIFY
+        /* 19 */ stmt(RET_K, SECCOMP_RET_ALLOW),
+        /* 20 */ stmt(RET_K, SECCOMP_RET_USER_NOTIF),
+        /* 21 */ stmt(RET_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
     ]
 }
 
@@ -228,16 +250,21 @@ mod tests {
     #[test]
     fn jumps_land_on_the_intended_returns() {
         let prog = interception_program();
-        let target = |i: usize, off: u8| i + 1 + off as usize;
-        let (allow, notify, enosys) = (10, 11, 12);
-        assert_eq!(target(1, prog[1].jf), enosys);
-        assert_eq!(target(3, prog[3].jt), enosys);
-        assert_eq!(target(4, prog[4].jt), notify);
-        assert_eq!(target(5, prog[5].jt), notify);
-        assert_eq!(target(6, prog[6].jt), enosys);
-        assert_eq!(target(7, prog[7].jf), allow);
-        assert_eq!(target(9, prog[9].jt), notify);
-        assert_eq!(target(9, prog[9].jf), allow);
+        let (allow, notify, enosys) = (19, 20, 21);
+        let jt = |i: usize| i + 1 + prog[i].jt as usize;
+        let jf = |i: usize| i + 1 + prog[i].jf as usize;
+        assert_eq!(jf(1), enosys);
+        assert_eq!(jt(3), enosys);
+        assert_eq!((jt(4), jt(5)), (notify, notify));
+        assert_eq!(jt(6), enosys);
+        assert_eq!(jf(7), 10);
+        assert_eq!((jt(9), jf(9)), (notify, allow));
+        assert_eq!(jf(10), allow);
+        for i in [12, 14, 16, 18] {
+            assert_eq!(jf(i), allow, "offset check {i}");
+        }
+        assert_eq!(jt(18), notify);
+        assert_eq!(jt(12), 13);
         assert_eq!(prog[allow].k, SECCOMP_RET_ALLOW);
         assert_eq!(prog[notify].k, SECCOMP_RET_USER_NOTIF);
         assert_eq!(prog[enosys].k, SECCOMP_RET_ERRNO | libc::ENOSYS as u32);

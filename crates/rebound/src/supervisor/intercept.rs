@@ -23,7 +23,7 @@ use std::path::{Component, Path, PathBuf};
 use rebound_sys::seccomp::{self, Notification};
 use rustix::io::Errno;
 
-use crate::proxy::Channel;
+use crate::proxy::{Channel, Proxy};
 
 /// The outcome of one intercepted system call.
 pub enum Intercepted {
@@ -62,6 +62,7 @@ struct MountCall {
 pub struct Served<'a> {
     pub mountpoint: &'a Path,
     pub channel_inode: u64,
+    pub proxy: &'a Proxy,
 }
 
 /// Handles one notification.
@@ -78,6 +79,8 @@ pub fn handle(
         handle_umount(listener, notif, ours)
     } else if nr == seccomp::NR_IOCTL {
         handle_clone(listener, notif, served.map(|s| s.channel_inode))
+    } else if nr == seccomp::NR_SPLICE {
+        handle_splice(listener, notif, served)
     } else {
         seccomp::respond_continue(listener, notif.id).map(|_| Intercepted::Other)
     };
@@ -291,6 +294,51 @@ fn handle_clone(
     }
     seccomp::respond(listener, notif.id, 0, 0)?;
     tracing::debug!("pid {pid}: fd {new_fd} cloned from the channel (fd {master})");
+    Ok(Intercepted::Other)
+}
+
+/// `splice(pipe, NULL, fd_out, NULL, len, flags)`: when `fd_out` is the channel, rebound
+/// takes the data from the driver's pipe itself (see [`Proxy::deliver_spliced`]); any other
+/// splice runs as usual.
+fn handle_splice(
+    listener: BorrowedFd<'_>,
+    notif: &Notification,
+    served: Option<Served<'_>>,
+) -> io::Result<Intercepted> {
+    let pid = notif.pid;
+    let [fd_in, _, fd_out, _, len, _] = notif.data.args;
+    let to_channel = served.as_ref().is_some_and(|s| {
+        std::fs::read_link(format!("/proc/{pid}/fd/{fd_out}"))
+            .is_ok_and(|l| l == Path::new(&format!("socket:[{}]", s.channel_inode)))
+    });
+    let Some(served) = served.filter(|_| to_channel) else {
+        seccomp::respond_continue(listener, notif.id)?;
+        return Ok(Intercepted::Other);
+    };
+    let spliced = (|| -> io::Result<usize> {
+        let pidfd = rustix::process::pidfd_open(
+            thread_group_of(pid)?,
+            rustix::process::PidfdFlags::empty(),
+        )?;
+        let pipe = rustix::process::pidfd_getfd(
+            &pidfd,
+            fd_in as i32,
+            rustix::process::PidfdGetfdFlags::empty(),
+        )?;
+        if !seccomp::id_valid(listener, notif.id) {
+            return Err(io::ErrorKind::Interrupted.into());
+        }
+        served.proxy.deliver_spliced(pipe.as_fd(), len as usize)
+    })();
+    match spliced {
+        Ok(n) => seccomp::respond(listener, notif.id, n as i64, 0)?,
+        Err(e) => seccomp::respond(
+            listener,
+            notif.id,
+            -1,
+            e.raw_os_error().unwrap_or(libc_errno(Errno::IO)),
+        )?,
+    }
     Ok(Intercepted::Other)
 }
 

@@ -119,6 +119,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                     let ours = served.as_ref().map(|s| intercept::Served {
                         mountpoint: &s.mountpoint,
                         channel_inode: s.channel_inode,
+                        proxy: &s.proxy,
                     });
                     match intercept::handle(listener.as_fd(), &notif, ours) {
                         Intercepted::Mounted(mount) => {
