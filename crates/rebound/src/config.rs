@@ -39,16 +39,20 @@ impl Config {
 
     fn parse(text: &str) -> Result<Config, String> {
         let config: Config = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|span| {
-                1 + text.as_bytes()[..span.start.min(text.len())]
-                    .iter()
-                    .filter(|&&b| b == b'\n')
-                    .count()
-            });
             let message = e.message().replace('\n', " ");
-            match line {
-                Some(line) => format!("line {line}: {message}"),
-                None => message,
+            let Some(span) = e.span() else {
+                return message;
+            };
+            let start = span.start.min(text.len());
+            let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+            let line_no = 1 + text[..start].matches('\n').count();
+            // Type errors point at the value; name the key it belongs to.
+            let line = text[line_start..].lines().next().unwrap_or_default();
+            match line.split_once('=') {
+                Some((key, _)) if !message.contains(key.trim()) => {
+                    format!("line {line_no}: `{}`: {message}", key.trim())
+                }
+                _ => format!("line {line_no}: {message}"),
             }
         })?;
         config.check()?;
@@ -96,6 +100,7 @@ mod tests {
     fn wrong_type_and_impossible_value_are_refused() {
         let err = Config::parse("mount_timeout_ms = \"soon\"").unwrap_err();
         assert!(err.contains("line 1"), "{err}");
+        assert!(err.contains("`mount_timeout_ms`"), "{err}");
         let err = Config::parse("stop_timeout_ms = 0").unwrap_err();
         assert!(err.contains("stop_timeout_ms"), "{err}");
     }

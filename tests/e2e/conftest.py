@@ -1,0 +1,79 @@
+"""pytest fixtures of the end-to-end suite.
+
+Owns: the preconditions of a run (root, /dev/fuse, built fixtures, the rebound binary for
+rebound-mode tests), the session's private sshd, the `mount` factory every test mounts with,
+the `direct` / `rebound` markers (from a test's `mode` parameter, so `-m direct` selects the
+tests that need no rebound binary), and a last check that the session left no mount behind.
+"""
+
+import os
+
+import pytest
+
+import mounts
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        mode = getattr(item, "callspec", None) and item.callspec.params.get("mode")
+        if mode:
+            item.add_marker(getattr(pytest.mark, mode))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def preconditions():
+    if os.geteuid() != 0:
+        pytest.exit("the end-to-end suite mounts file systems: run it as root", returncode=1)
+    if not os.path.exists("/dev/fuse"):
+        pytest.exit("/dev/fuse is missing (modprobe fuse)", returncode=1)
+    missing = [name for name in ("passthrough_ll", "passthrough_fh", "gofuse-loopback")
+               if not mounts.fixture_bin(name).exists()]
+    if missing:
+        pytest.exit(f"fixture drivers not built ({', '.join(missing)}): run tests/setup.sh",
+                    returncode=1)
+    # What an interrupted earlier run left is removed first, so that it is not blamed on us.
+    for stale in mounts.stale_workdirs():
+        mounts.remove_workdir(stale)
+    yield
+    # Nothing may outlive the session: no mount and no directory of ours under /tmp.
+    left = mounts.workdirs(owner=os.getpid())
+    for path in left:
+        mounts.remove_workdir(path)
+    assert not left, f"left behind by the session: {left}"
+
+
+@pytest.fixture(scope="session")
+def rebound_bin():
+    path = mounts.rebound_bin()
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"rebound binary {path} is missing: `cargo build --release` or set "
+                    "REBOUND_BIN (or select `-m direct`)", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def sshd():
+    server = mounts.start_sshd()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mount(request):
+    """mount(driver, mode, **kw): a context manager mounting driver directly or under rebound
+    (see mounts.mount_driver); starts the session's sshd and checks for rebound on demand."""
+    def factory(driver, mode, **kw):
+        if driver == "sshfs":
+            kw.setdefault("sshd", request.getfixturevalue("sshd"))
+        if mode == "rebound":
+            request.getfixturevalue("rebound_bin")
+        return mounts.mount_driver(driver, mode, **kw)
+    return factory
+
+
+@pytest.fixture
+def workdir():
+    """A fresh /tmp/rebound-e2e-* directory, removed afterwards (unmounting what is in it)."""
+    path = mounts.new_workdir("work")
+    yield path
+    mounts.remove_workdir(path)

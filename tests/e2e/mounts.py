@@ -1,0 +1,560 @@
+"""Mounting the test drivers, directly or under rebound, and always cleaning up after them.
+
+Owns: where rebound and the fixture drivers are, the command line of each driver, waiting for
+a mount (a bounded poll of /proc/self/mountinfo), stopping a mount and checking that nothing is
+left (no mount, no driver process, a clean ext4 image for fuse2fs), and the forced cleanup that
+runs whatever happened. Every mount lives in its own directory /tmp/rebound-e2e-XXXX/, whose
+path names its mount point and so identifies its processes by their command lines.
+"""
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_BIN = REPO / "tests" / ".build" / "bin"
+TMP_PREFIX = "rebound-e2e-"
+OWNER = "owner.pid"
+
+MOUNT_TIMEOUT = 20.0  # seconds for a driver to mount
+STOP_TIMEOUT = 30.0   # seconds for rebound or a driver to exit once asked to
+WATCHDOG = 180.0      # seconds a mount may be used before its FUSE connection is aborted
+FUSECTL = "/sys/fs/fuse/connections"
+MiB = 1 << 20
+
+MODES = ("direct", "rebound")
+
+
+def rebound_bin():
+    """REBOUND_BIN, relative to the repository root unless absolute."""
+    path = Path(os.environ.get("REBOUND_BIN", "target/release/rebound"))
+    return path if path.is_absolute() else REPO / path
+
+
+def fixture_bin(name):
+    return BUILD_BIN / name
+
+
+# --- polling, mounts, processes -------------------------------------------------------------
+
+def wait_for(cond, timeout, interval=0.05):
+    """Polls cond() until it returns something truthy (returned) or timeout passes (None)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(interval)
+
+
+def _unescape(field_):
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field_)
+
+
+def mount_fstype(path):
+    """The file system type mounted at path (the topmost mount), or None."""
+    fstype = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            if _unescape(pre.split()[4]) == str(path):
+                fstype = post.split()[0]
+    return fstype
+
+
+def fuse_connection(path):
+    """The directory of path's FUSE connection in fusectl, or None."""
+    dev = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if _unescape(fields[4]) == str(path):
+                dev = fields[2]
+    if dev is None:
+        return None
+    major, minor = (int(x) for x in dev.split(":"))
+    conn = Path(FUSECTL) / str((major << 20) | minor)  # the kernel's dev_t encoding
+    return conn if conn.is_dir() else None
+
+
+def abort_connection(conn):
+    """Aborts a FUSE connection: every request waiting on the driver fails with ENOTCONN."""
+    with contextlib.suppress(OSError):
+        (Path(conn) / "abort").write_text("1")
+
+
+def is_fuse_mounted(path):
+    fstype = mount_fstype(path)
+    return fstype is not None and fstype.startswith("fuse")
+
+
+def is_mounted(path):
+    return mount_fstype(path) is not None
+
+
+def _proc_stat(pid):
+    """(state, ppid) of a process, or None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    return fields[0], int(fields[1])
+
+
+def alive(pid):
+    """True while pid exists and is not a zombie."""
+    st = _proc_stat(pid)
+    return st is not None and st[0] not in ("Z", "X")
+
+
+def procs_mentioning(needle):
+    """{pid: cmdline} of the live processes (not this one) whose command line contains needle."""
+    needle_b = os.fsencode(str(needle))
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle_b in cmdline and alive(int(entry)):
+            found[int(entry)] = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+    return found
+
+
+def children(pid):
+    """Live direct children of pid."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _proc_stat(int(entry))
+            if st is not None and st[1] == pid and st[0] not in ("Z", "X"):
+                kids.append(int(entry))
+    return kids
+
+
+def descendants(pid):
+    out, todo = [], [pid]
+    while todo:
+        for kid in children(todo.pop()):
+            out.append(kid)
+            todo.append(kid)
+    return out
+
+
+def kill_all(pids, timeout=5.0):
+    """SIGTERM, then SIGKILL what is still alive after timeout."""
+    pids = [p for p in pids if alive(p)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        if wait_for(lambda: not any(alive(p) for p in pids), timeout):
+            return
+
+
+def umount(path):
+    """umount, falling back to a lazy unmount. True when path is no longer a mount point."""
+    for cmd in (["umount"], ["umount", "-l"]):
+        if not is_mounted(path):
+            return True
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(cmd + [str(path)], capture_output=True, timeout=STOP_TIMEOUT)
+    return not is_mounted(path)
+
+
+def e2fsck(image):
+    """(ok, output) of a read-only forced check of an ext2/3/4 image."""
+    res = subprocess.run(["e2fsck", "-fn", str(image)], capture_output=True, text=True,
+                         timeout=120)
+    return res.returncode == 0, res.stdout + res.stderr
+
+
+def make_ext4(image, size):
+    with open(image, "wb") as f:
+        f.truncate(size)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True,
+                   timeout=60)
+
+
+# --- sshd for sshfs -------------------------------------------------------------------------
+
+@dataclass
+class Sshd:
+    """A private sshd on 127.0.0.1 that sshfs mounts from, with its own keys and config."""
+    dir: Path
+    port: int
+    client_key: Path
+    proc: subprocess.Popen
+
+    def stop(self):
+        # Per-connection sshd processes retitle themselves ("sshd: root@notty"), so they are
+        # found as the listener's descendants, not by command line.
+        kids = descendants(self.proc.pid)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        kill_all(kids + list(procs_mentioning(self.dir)))
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port):
+    import socket
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def start_sshd():
+    d = new_workdir("sshd")
+    try:
+        for key in ("host_key", "client_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)],
+                           check=True, capture_output=True, timeout=30)
+        shutil.copy(d / "client_key.pub", d / "authorized_keys")
+        port = _free_port()
+        (d / "sshd_config").write_text(
+            f"ListenAddress 127.0.0.1\n"
+            f"Port {port}\n"
+            f"HostKey {d / 'host_key'}\n"
+            f"AuthorizedKeysFile {d / 'authorized_keys'}\n"
+            f"PidFile {d / 'sshd.pid'}\n"
+            "PermitRootLogin prohibit-password\n"
+            "PubkeyAuthentication yes\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "UsePAM no\n"
+            "StrictModes no\n"
+            "Subsystem sftp internal-sftp\n"
+            "LogLevel INFO\n")
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
+        log = open(d / "sshd.log", "wb")
+        proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+    except BaseException:
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    sshd = Sshd(d, port, d / "client_key", proc)
+    if not wait_for(lambda: proc.poll() is not None or _port_open(port), MOUNT_TIMEOUT) \
+            or proc.poll() is not None:
+        output = (d / "sshd.log").read_text(errors="replace")
+        sshd.stop()
+        raise RuntimeError(f"sshd did not listen on 127.0.0.1:{port}:\n{output}")
+    return sshd
+
+
+# --- drivers --------------------------------------------------------------------------------
+
+# name: (daemonizes by default, backing store: "dir" or "image")
+DRIVERS = {
+    "fuse2fs": (True, "image"),
+    "passthrough_ll": (True, "dir"),
+    "passthrough_ll-f": (False, "dir"),
+    "passthrough_ll-clone_fd": (True, "dir"),
+    "passthrough_fh": (True, "dir"),
+    "sshfs": (True, "dir"),
+    "gofuse": (False, "dir"),
+}
+
+
+def driver_argv(driver, src, img, mnt, sshd=None):
+    """The driver's own command line, exactly as a user would type it."""
+    ll = [str(fixture_bin("passthrough_ll")), "-o", f"source={src}", "-o", "xattr"]
+    if driver == "fuse2fs":
+        return ["fuse2fs", str(img), str(mnt), "-o", "fakeroot"]
+    if driver == "passthrough_ll":
+        return ll + [str(mnt)]
+    if driver == "passthrough_ll-f":
+        return ll + ["-f", str(mnt)]
+    if driver == "passthrough_ll-clone_fd":
+        return ll + ["-o", "clone_fd", str(mnt)]
+    if driver == "passthrough_fh":
+        # passthrough_fh exposes /; libfuse's subdir module narrows it to src.
+        return [str(fixture_bin("passthrough_fh")), "-o", f"modules=subdir,subdir={src}",
+                str(mnt)]
+    if driver == "sshfs":
+        assert sshd is not None, "sshfs needs the sshd fixture"
+        return ["sshfs", "-p", str(sshd.port), "-o",
+                f"IdentityFile={sshd.client_key},StrictHostKeyChecking=no,"
+                "UserKnownHostsFile=/dev/null,BatchMode=yes,LogLevel=ERROR",
+                f"root@127.0.0.1:{src}", str(mnt)]
+    if driver == "gofuse":
+        return [str(fixture_bin("gofuse-loopback")), str(src), str(mnt)]
+    raise ValueError(f"unknown driver {driver}")
+
+
+def new_workdir(tag="mount"):
+    """A fresh /tmp/rebound-e2e-TAG-XXXX directory, marked with the pid of this process so that
+    another test session can tell an abandoned one (see stale_workdirs) from one in use."""
+    path = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{tag}-", dir="/tmp"))
+    (path / OWNER).write_text(str(os.getpid()))
+    return path
+
+
+def workdirs(owner=None):
+    """Our directories under /tmp: all, or those of one owner pid."""
+    found = []
+    for path in sorted(Path("/tmp").glob(TMP_PREFIX + "*")):
+        try:
+            pid = int((path / OWNER).read_text())
+        except (OSError, ValueError):
+            pid = None
+        if owner is None or pid == owner:
+            found.append((path, pid))
+    return [p for p, _ in found] if owner is not None else found
+
+
+def stale_workdirs():
+    """Directories whose owning process is gone (an interrupted run)."""
+    return [path for path, pid in workdirs() if pid is None or not alive(pid)]
+
+
+def remove_workdir(work):
+    """Removes work unless something is still mounted inside it (then it is left, loudly)."""
+    with open("/proc/self/mountinfo") as f:
+        busy = [p for p in (_unescape(line.split()[4]) for line in f)
+                if p == str(work) or p.startswith(str(work) + "/")]
+    for path in busy:
+        umount(path)
+    if any(is_mounted(p) for p in busy):
+        raise RuntimeError(f"still mounted, not removing {work}: {busy}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@dataclass
+class Mount:
+    """One driver mounted at work/mnt, directly or under rebound."""
+    driver: str
+    mode: str
+    work: Path
+    sshd: Sshd = None
+    config: str = None  # text of a rebound config file, passed with --config
+    proc: subprocess.Popen = None  # rebound, or a foreground driver, or a daemonizing one's parent
+    driver_pids: list = field(default_factory=list)
+    returncode: int = None  # of rebound or of a foreground driver, once stopped
+    watchdog: float = WATCHDOG
+    watchdog_fired: bool = False
+    _timer: threading.Timer = None
+
+    @property
+    def mnt(self):
+        return self.work / "mnt"
+
+    @property
+    def src(self):
+        return self.work / "src"
+
+    @property
+    def img(self):
+        return self.work / "disk.img"
+
+    @property
+    def daemonizes(self):
+        return DRIVERS[self.driver][0]
+
+    def argv(self):
+        driver = driver_argv(self.driver, self.src, self.img, self.mnt, self.sshd)
+        if self.mode == "direct":
+            return driver
+        cmd = [str(rebound_bin()), "run"]
+        if self.config is not None:
+            cfg = self.work / "rebound.toml"
+            cfg.write_text(self.config)
+            cmd += ["--config", str(cfg)]
+        return cmd + ["--"] + driver
+
+    def output(self):
+        """What the process we started (rebound or the driver) wrote to stdout and stderr,
+        and for sshfs the end of the sshd log."""
+        text = "".join(
+            (self.work / name).read_text(errors="replace")
+            for name in ("stdout", "stderr") if (self.work / name).exists())
+        if self.sshd is not None:
+            log = (self.sshd.dir / "sshd.log").read_text(errors="replace").splitlines()
+            text += "\n--- sshd.log (end) ---\n" + "\n".join(log[-15:])
+        return text
+
+    def stderr(self):
+        path = self.work / "stderr"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def prepare(self, image_size):
+        self.mnt.mkdir()
+        if DRIVERS[self.driver][1] == "image":
+            make_ext4(self.img, image_size)
+        else:
+            self.src.mkdir()
+
+    def start(self):
+        """Starts the driver (under rebound in rebound mode) and waits for the mount."""
+        with open(self.work / "stdout", "wb") as out, open(self.work / "stderr", "wb") as err:
+            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=err, start_new_session=True)
+        expect_exit = self.mode == "direct" and self.daemonizes
+
+        def ready():
+            if is_fuse_mounted(self.mnt):
+                return True
+            rc = self.proc.poll()
+            if rc is not None and (rc != 0 or not expect_exit):
+                raise RuntimeError(
+                    f"{self.describe()} exited with {rc} before mounting:\n{self.output()}")
+            return False
+
+        if not wait_for(ready, MOUNT_TIMEOUT):
+            raise RuntimeError(f"{self.describe()} did not mount within {MOUNT_TIMEOUT} s:\n"
+                               f"{self.output()}")
+        if expect_exit:
+            # The parent exits once its daemon child has mounted.
+            self.proc.wait(timeout=STOP_TIMEOUT)
+        self._arm_watchdog()
+        # The processes serving the mount: every process that names the mount point (the
+        # driver; rebound too in rebound mode) and what they started (sshfs's ssh).
+        named = set(procs_mentioning(self.mnt))
+        self.driver_pids = sorted(named.union(*(descendants(p) for p in named)))
+
+    def _arm_watchdog(self):
+        """A hung driver (or proxy) must fail the test, not hang the suite: after `watchdog`
+        seconds the mount's FUSE connection is aborted, so blocked calls return ENOTCONN."""
+        conn = fuse_connection(self.mnt)
+        if conn is None:
+            return
+
+        def fire():
+            self.watchdog_fired = True
+            abort_connection(conn)
+
+        self._timer = threading.Timer(self.watchdog, fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _disarm_watchdog(self):
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def describe(self):
+        return f"{self.driver} ({self.mode}) on {self.mnt}"
+
+    def leftover_processes(self):
+        """Live processes that still serve or name this mount."""
+        left = {p: "" for p in self.driver_pids if alive(p)}
+        left.update(procs_mentioning(self.mnt))
+        for pid in left:
+            with contextlib.suppress(OSError):
+                left[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        return left
+
+    def stop(self):
+        """The normal way down: SIGTERM to rebound, `umount` for a direct mount. Returns the
+        exit status of rebound or of a foreground driver (None for a daemonized one)."""
+        self._disarm_watchdog()
+        if self.mode == "rebound":
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            self.returncode = self.proc.wait(timeout=STOP_TIMEOUT)
+        else:
+            if is_mounted(self.mnt):
+                subprocess.run(["umount", str(self.mnt)], check=True, capture_output=True,
+                               timeout=STOP_TIMEOUT)
+            if not self.daemonizes:
+                self.returncode = self.proc.wait(timeout=STOP_TIMEOUT)
+            # A daemon finishes its work (fuse2fs writes the image) after the unmount.
+            wait_for(lambda: not any(alive(p) for p in self.driver_pids), STOP_TIMEOUT)
+        return self.returncode
+
+    def assert_stopped_cleanly(self):
+        """After stop(): exit status 0, no mount, no process, a clean image."""
+        assert not self.watchdog_fired, \
+            f"{self.describe()} hung: its FUSE connection was aborted after {self.watchdog} s"
+        assert self.returncode in (0, None), \
+            f"{self.describe()} exited with {self.returncode}:\n{self.output()}"
+        assert not is_mounted(self.mnt), f"{self.mnt} is still mounted after stopping"
+        left = wait_for(lambda: not self.leftover_processes(), 5.0)
+        assert left, f"processes left behind: {self.leftover_processes()}"
+        if DRIVERS[self.driver][1] == "image":
+            ok, report = e2fsck(self.img)
+            assert ok, f"e2fsck -fn {self.img} after {self.describe()}:\n{report}"
+
+    def cleanup(self):
+        """Whatever state things are in: no process, no mount, no directory left. A mount still
+        there at this point is being thrown away, so its connection is aborted first: that
+        unblocks anything stuck on it, including umount."""
+        self._disarm_watchdog()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                conn = fuse_connection(self.mnt)
+                if conn is not None:
+                    abort_connection(conn)
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        conn = fuse_connection(self.mnt)
+        if conn is not None:
+            abort_connection(conn)
+        umount(self.mnt)
+        kill_all(list(self.leftover_processes()))
+        remove_workdir(self.work)
+
+
+@contextlib.contextmanager
+def mount_driver(driver, mode, *, sshd=None, image_size=64 * MiB, config=None,
+                 after_stop=None, watchdog=WATCHDOG):
+    """Mounts driver in mode ("direct" or "rebound") in a fresh /tmp directory and yields the
+    Mount. On a normal exit it stops the mount, asserts a clean stop and calls after_stop(m)
+    (to inspect the backing store); in every case it then cleans up."""
+    assert mode in MODES, mode
+    m = Mount(driver, mode, new_workdir(driver), sshd=sshd, config=config, watchdog=watchdog)
+    try:
+        m.prepare(image_size)
+        m.start()
+        yield m
+        m.stop()
+        m.assert_stopped_cleanly()
+        if after_stop is not None:
+            after_stop(m)
+    finally:
+        m.cleanup()
+
+
+def run_rebound(args, timeout, cwd=None):
+    """Runs `rebound ARGS...` to completion; returns (returncode, stdout, stderr, seconds).
+    Raises subprocess.TimeoutExpired (after killing it) when it takes longer than timeout."""
+    start = time.monotonic()
+    proc = subprocess.Popen([str(rebound_bin())] + list(args), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=cwd)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_all([proc.pid] + descendants(proc.pid))
+        proc.communicate()
+        raise
+    return proc.returncode, out, err, time.monotonic() - start

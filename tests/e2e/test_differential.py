@@ -1,0 +1,100 @@
+"""Differential tests: a driver must behave the same under rebound as when mounted directly.
+
+Owns: replaying fsops on each driver (a fresh backing directory or image per mount) and
+comparing (1) a direct mount with a plain local directory, up to each driver's documented
+deviations, which checks that the script and the fixtures test what they claim, and (2) the
+rebound mount with the direct mount, which must match exactly.
+"""
+
+import difflib
+
+import pytest
+
+import fsops
+import mounts
+
+DRIVERS = ["fuse2fs", "passthrough_ll", "passthrough_ll-clone_fd", "passthrough_fh", "sshfs",
+           "gofuse"]
+
+XATTR_UNSUPPORTED = {step: "ENOTSUP" for step in (
+    "xattr_set_get", "xattr_create_existing", "xattr_list", "xattr_remove",
+    "xattr_get_missing")}
+# The kernel turns a driver's ENOSYS for RENAME2 (libfuse 2, or a libfuse 3 driver without
+# flags support) into EINVAL. A noreplace rename onto an existing name never reaches the
+# driver: the kernel's own lookup answers EEXIST.
+NO_RENAME2 = {"rename_noreplace_free": "EINVAL"}
+# fsops' tree at the end, when nr1 stayed (its RENAME_NOREPLACE failed).
+_TREE_NO_RENAME2 = ("ok appended:0o100644:14 d2/inner:0o100644:5 d2:0o40755:- "
+                    "dangling:0o120777:14 large:0o100644:3145728 lockfile:0o100644:300 "
+                    "many/:2000 files many:0o40755:- mapped:0o100644:12388 nr1:0o100644:3 "
+                    "nr2:0o100644:3 r2:0o100644:2 small:0o100640:15 sparse:0o100644:0 "
+                    "sym:0o120777:5 synced:0o100644:8 y:0o100644:2")
+
+# How each driver, mounted directly, differs from a local ext4 directory. Anything else that
+# differs is a bug in the driver build, the fixture or fsops.
+DEVIATIONS = {
+    # fuse2fs 1.47.0 ignores XATTR_CREATE and replaces the value.
+    "fuse2fs": {**NO_RENAME2, "xattr_create_existing": "ok", "final_tree": _TREE_NO_RENAME2},
+    "passthrough_ll": {**NO_RENAME2, "final_tree": _TREE_NO_RENAME2},
+    "passthrough_ll-clone_fd": {**NO_RENAME2, "final_tree": _TREE_NO_RENAME2},
+    "passthrough_fh": {**NO_RENAME2, "final_tree": _TREE_NO_RENAME2},
+    # SFTP has no link count and no inode numbers, nor xattrs.
+    "sshfs": {**NO_RENAME2, **XATTR_UNSUPPORTED, "final_tree": _TREE_NO_RENAME2,
+              "hardlink": "ok sha=d0a8aa68b4c9a7b8 nlink=1,1 same_ino=False"},
+    # go-fuse implements RENAME2 flags: like a local file system.
+    "gofuse": {},
+}
+
+
+def diff(expected, actual, from_name, to_name):
+    return "\n".join(difflib.unified_diff(fsops.format_results(expected),
+                                          fsops.format_results(actual),
+                                          from_name, to_name, lineterm="", n=1))
+
+
+def run_on(mount, driver, mode):
+    with mount(driver, mode) as m:
+        return fsops.run(str(m.mnt))
+
+
+@pytest.fixture(scope="module")
+def local_results():
+    work = mounts.new_workdir("local")
+    try:
+        return fsops.run(str(work))
+    finally:
+        mounts.remove_workdir(work)
+
+
+@pytest.mark.direct
+def test_local_reference_is_all_ok(local_results):
+    """The reference itself: on a local directory every step gives its POSIX answer."""
+    outcomes = dict(local_results)
+    assert all(not o.startswith("MISMATCH") for o in outcomes.values()), local_results
+    assert outcomes["unlink_missing"] == "ENOENT"
+    assert outcomes["rmdir_nonempty"] == "ENOTEMPTY"
+    assert outcomes["open_excl_existing"] == "EEXIST"
+    assert outcomes["posix_lock"] in ("ok second=EAGAIN getlk=[F_WRLCK 0 0] after_unlock=ok",
+                                      "ok second=EACCES getlk=[F_WRLCK 0 0] after_unlock=ok")
+    assert outcomes["flock"] == "ok second=EAGAIN after_unlock=ok"
+    assert outcomes["readdir_3000"] == "ok n=3000 regular=3000"
+
+
+@pytest.mark.parametrize("mode", ["direct"])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_direct_matches_local(mount, driver, mode, local_results):
+    """A direct mount gives the local answers except for the driver's known deviations."""
+    expected = [(step, DEVIATIONS[driver].get(step, outcome)) for step, outcome in local_results]
+    actual = run_on(mount, driver, mode)
+    assert actual == expected, "\n" + diff(expected, actual, "local+deviations",
+                                           f"{driver} direct")
+
+
+@pytest.mark.rebound
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_rebound_matches_direct(mount, driver):
+    """The same script on a fresh direct mount and a fresh rebound mount: identical results."""
+    direct = run_on(mount, driver, "direct")
+    rebound = run_on(mount, driver, "rebound")
+    assert rebound == direct, "\n" + diff(direct, rebound, f"{driver} direct",
+                                          f"{driver} rebound")

@@ -1,0 +1,283 @@
+"""Lifecycle of `rebound run`, and I/O through it under load.
+
+Owns: how rebound starts, serves and stops daemonizing (fuse2fs, passthrough_ll, sshfs) and
+foreground (passthrough_ll -f, gofuse) drivers: SIGTERM and SIGINT, `umount` by the user, a
+driver failing before it mounts, a command that never mounts, a bad config file; and the
+large-I/O and multi-threaded tests (run in both modes, so a failure can be pinned on rebound).
+"""
+
+import concurrent.futures
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+import fsops
+import mounts
+from mounts import MiB, STOP_TIMEOUT, is_mounted, wait_for
+
+SERVING = ["fuse2fs", "passthrough_ll", "passthrough_ll-f", "sshfs", "gofuse"]
+IO_DRIVERS = ["fuse2fs", "passthrough_ll", "sshfs", "gofuse"]
+
+
+def exercise(mnt):
+    """Proves the mount serves: a file written and read back, a directory listed."""
+    path = mnt / "hello.txt"
+    path.write_bytes(b"served through the mount\n")
+    assert path.read_bytes() == b"served through the mount\n"
+    assert "hello.txt" in os.listdir(mnt)
+
+
+def serving_pids(m):
+    """The processes that serve m, rebound itself excluded; there must be some."""
+    pids = [p for p in m.driver_pids if p != m.proc.pid]
+    assert pids, f"no driver process found for {m.describe()}"
+    return pids
+
+
+# --- stopping ---------------------------------------------------------------------------------
+
+@pytest.mark.rebound
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("driver", SERVING)
+def test_signal_unmounts_and_stops_driver(mount, driver, sig):
+    with mount(driver, "rebound") as m:
+        exercise(m.mnt)
+        pids = serving_pids(m)
+        m.proc.send_signal(sig)
+        rc = m.proc.wait(timeout=STOP_TIMEOUT)
+        assert rc == 0, f"rebound exited with {rc} on {sig.name}:\n{m.output()}"
+        assert not is_mounted(m.mnt), f"{m.mnt} still mounted after rebound exited"
+        assert wait_for(lambda: not any(mounts.alive(p) for p in pids), 5.0), \
+            f"driver processes outlived rebound: {m.leftover_processes()}"
+    # mount_driver's exit checks again: no process naming the mount, e2fsck clean (fuse2fs).
+
+
+@pytest.mark.rebound
+@pytest.mark.parametrize("driver", SERVING)
+def test_user_umount_stops_rebound(mount, driver):
+    with mount(driver, "rebound") as m:
+        exercise(m.mnt)
+        pids = serving_pids(m)
+        subprocess.run(["umount", str(m.mnt)], check=True, capture_output=True, timeout=30)
+        rc = m.proc.wait(timeout=STOP_TIMEOUT)
+        assert rc == 0, f"rebound exited with {rc} after umount:\n{m.output()}"
+        assert wait_for(lambda: not any(mounts.alive(p) for p in pids), 5.0), \
+            f"driver processes outlived rebound: {m.leftover_processes()}"
+
+
+# --- failing to mount -------------------------------------------------------------------------
+
+def failing_driver(case, work):
+    """A driver command line that fails before mounting, and its mount point."""
+    mnt = work / "mnt"
+    mnt.mkdir()
+    src = work / "src"
+    src.mkdir()
+    if case == "fuse2fs-missing-image":
+        return ["fuse2fs", str(work / "missing.img"), str(mnt), "-o", "fakeroot"], mnt
+    if case == "passthrough_ll-missing-mountpoint":
+        mnt = work / "no-such-dir"
+        return [str(mounts.fixture_bin("passthrough_ll")), "-o", f"source={src}", str(mnt)], mnt
+    if case == "gofuse-missing-source":
+        return [str(mounts.fixture_bin("gofuse-loopback")), str(work / "no-such-src"),
+                str(mnt)], mnt
+    if case == "sshfs-connection-refused":
+        port = mounts._free_port()  # nothing listens there
+        return ["sshfs", "-p", str(port), "-o",
+                "StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,BatchMode=yes",
+                f"root@127.0.0.1:{src}", str(mnt)], mnt
+    raise ValueError(case)
+
+
+def lines(text):
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.rebound
+@pytest.mark.parametrize("case", ["fuse2fs-missing-image", "passthrough_ll-missing-mountpoint",
+                                  "gofuse-missing-source", "sshfs-connection-refused"])
+def test_driver_failing_before_mount(rebound_bin, workdir, case):
+    argv, mnt = failing_driver(case, workdir)
+    # The driver on its own, to learn what it says and how it exits.
+    direct = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+    assert direct.returncode != 0, f"{case}: the driver did not fail on its own"
+    assert lines(direct.stdout + direct.stderr), f"{case}: the driver said nothing"
+    assert not is_mounted(mnt)
+
+    rc, out, err, _ = mounts.run_rebound(["run", "--"] + argv, timeout=60)
+    assert rc != 0, f"rebound exited 0 for a failing driver:\n{err}"
+    assert rc == direct.returncode, \
+        f"rebound exited {rc}, the driver on its own {direct.returncode}:\n{err}"
+    # What the driver printed reaches the same stream through rebound. (fuse2fs prints its
+    # "No such file or directory" on stdout, libfuse and go-fuse on stderr.)
+    for stream, said, through in (("stderr", direct.stderr, err), ("stdout", direct.stdout, out)):
+        for line in lines(said):
+            assert line in through, \
+                f"driver's {stream} line {line!r} missing from rebound's {stream}:\n{through}"
+    assert not is_mounted(mnt), f"{mnt} left mounted"
+    assert not mounts.procs_mentioning(workdir), mounts.procs_mentioning(workdir)
+
+
+@pytest.mark.rebound
+def test_command_that_exits_without_mounting(rebound_bin):
+    rc, _, err, elapsed = mounts.run_rebound(["run", "--", "true"], timeout=30)
+    assert rc == 1, f"rebound exited {rc} for `true`:\n{err}"
+    assert "mount" in err.lower(), f"no word about the missing mount:\n{err}"
+
+
+@pytest.mark.rebound
+def test_command_that_never_mounts_times_out(rebound_bin, workdir):
+    config = workdir / "rebound.toml"
+    config.write_text("mount_timeout_ms = 2000\n")
+    start = time.monotonic()
+    proc = subprocess.Popen([str(rebound_bin), "run", "--config", str(config), "--",
+                             "sleep", "1000"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        # The sleep, wherever rebound puts it in its process tree.
+        sleepers = wait_for(lambda: [p for p in mounts.descendants(proc.pid)
+                                     if mounts.Path(f"/proc/{p}/comm").read_text().strip()
+                                     == "sleep"], 5.0)
+        assert sleepers, "rebound did not start `sleep 1000`"
+        _, err = proc.communicate(timeout=10)
+        elapsed = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            mounts.kill_all([proc.pid] + mounts.descendants(proc.pid))
+            proc.communicate()
+    assert proc.returncode == 1, f"rebound exited {proc.returncode}:\n{err}"
+    assert "mount" in err.lower(), f"no word about the missing mount:\n{err}"
+    assert elapsed >= 1.9, f"gave up after {elapsed:.1f} s, before mount_timeout_ms=2000"
+    assert wait_for(lambda: not any(mounts.alive(p) for p in sleepers), 5.0), \
+        f"`sleep 1000` outlived rebound: {sleepers}"
+
+
+@pytest.mark.rebound
+@pytest.mark.parametrize("text,key", [
+    ("no_such_key = 1\n", "no_such_key"),
+    ('mount_timeout_ms = "soon"\n', "mount_timeout_ms"),
+], ids=["unknown-key", "wrong-type"])
+def test_bad_config_is_refused(rebound_bin, workdir, text, key):
+    config = workdir / "rebound.toml"
+    config.write_text(text)
+    marker = workdir / "driver-ran"
+    rc, _, err, _ = mounts.run_rebound(["run", "--config", str(config), "--", "touch",
+                                        str(marker)], timeout=30)
+    assert rc == 2, f"rebound exited {rc} for a bad config:\n{err}"
+    assert len(lines(err)) == 1, f"expected a one-line message, got:\n{err}"
+    assert key in err, f"the message does not name {key}:\n{err}"
+    assert not marker.exists(), "the driver ran despite the bad config"
+
+
+# --- I/O under load ---------------------------------------------------------------------------
+
+def sha256_of(path, block=MiB):
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("mode", mounts.MODES)
+@pytest.mark.parametrize("driver", IO_DRIVERS)
+def test_large_io(mount, driver, mode):
+    """64 MiB in 1 MiB blocks: written, synced, dropped from the page cache, read back, and
+    found in the backing store (for fuse2fs: in the image, after the unmount)."""
+    blocks = [hashlib.shake_256(f"block-{i}".encode()).digest(MiB) for i in range(64)]
+    expected = hashlib.sha256(b"".join(blocks)).hexdigest()
+
+    def image_holds_data(m):
+        dump = m.work / "big.dump"
+        subprocess.run(["debugfs", "-R", f"dump /big {dump}", str(m.img)], check=True,
+                       capture_output=True, timeout=120)
+        assert sha256_of(dump) == expected, "data in the ext4 image differs"
+
+    after_stop = image_holds_data if driver == "fuse2fs" else None
+    with mount(driver, mode, image_size=160 * MiB, after_stop=after_stop) as m:
+        path = m.mnt / "big"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for block in blocks:
+                assert os.write(fd, block) == MiB
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        assert os.stat(path).st_size == 64 * MiB
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            # Clean pages leave the cache, so the read below goes through the driver.
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        assert sha256_of(path) == expected, "data read back through the mount differs"
+        if m.src.exists():
+            assert sha256_of(m.src / "big") == expected, "data in the backing directory differs"
+
+
+THREADS = 8
+
+
+def worker(root, n):
+    """One thread's share of the concurrency test, in its own directory: files of assorted
+    sizes written in pieces, re-read, overwritten in place through a second descriptor,
+    renamed, some unlinked. Returns {name: content} of what it left."""
+    rng = random.Random(n)
+    d = root / f"t{n}"
+    d.mkdir()
+    left = {}
+    for i in range(24):
+        size = rng.choice([0, 1, 4095, 4097, 65536, 200_003, 1 * MiB + 17])
+        data = hashlib.shake_256(f"{n}-{i}".encode()).digest(size) if size else b""
+        path = d / f"f{i}"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            pos = 0
+            while pos < size:  # pieces of random length, not page aligned
+                step = rng.randint(1, 300_000)
+                pos += os.pwrite(fd, data[pos:pos + step], pos)
+            if size:
+                # Overwrite a slice through a second descriptor, then read all back.
+                off = rng.randrange(size)
+                patch = bytes(rng.getrandbits(8) for _ in range(min(64, size - off)))
+                fd2 = os.open(path, os.O_WRONLY)
+                try:
+                    os.pwrite(fd2, patch, off)
+                finally:
+                    os.close(fd2)
+                data = data[:off] + patch + data[off + len(patch):]
+            got = os.pread(fd, size + 1, 0)
+        finally:
+            os.close(fd)
+        if got != data:
+            raise AssertionError(f"thread {n} file {i}: read {len(got)} bytes, differs")
+        if i % 3 == 0:
+            os.unlink(path)
+        elif i % 3 == 1:
+            os.rename(path, d / f"r{i}")
+            left[f"r{i}"] = data
+        else:
+            left[f"f{i}"] = data
+    return left
+
+
+@pytest.mark.parametrize("mode", mounts.MODES)
+@pytest.mark.parametrize("driver", IO_DRIVERS)
+def test_concurrent_threads(mount, driver, mode):
+    """8 threads at once, each on its own files; then every survivor is checked again."""
+    with mount(driver, mode, image_size=160 * MiB) as m:
+        with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
+            futures = [pool.submit(worker, m.mnt, n) for n in range(THREADS)]
+            results = [f.result(timeout=120) for f in futures]
+        for n, left in enumerate(results):
+            d = m.mnt / f"t{n}"
+            assert sorted(fsops.listdir(d)) == sorted(left), f"thread {n}: wrong directory listing"
+            for name, data in left.items():
+                assert (d / name).read_bytes() == data, f"thread {n}: {name} differs"
