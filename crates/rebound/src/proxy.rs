@@ -295,7 +295,8 @@ fn driver_to_kernel(shared: &Shared) {
         // TRUNC makes recv return the real length of an oversized message, so it is refused
         // instead of being forwarded cut short.
         let len = match rustix::net::recv(&shared.driver, &mut buf[..], RecvFlags::TRUNC) {
-            Ok((0, _)) => return shared.report(ProxyEvent::DriverGone),
+            // ECONNRESET: the driver closed its end with requests still unread.
+            Ok((0, _)) | Err(Errno::CONNRESET) => return shared.report(ProxyEvent::DriverGone),
             Ok((len, _)) => len,
             Err(Errno::INTR | Errno::AGAIN) => continue,
             Err(e) => {

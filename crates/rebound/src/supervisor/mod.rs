@@ -41,6 +41,8 @@ enum Phase {
         deadline: Instant,
         killed: bool,
         exit_code: i32,
+        /// The driver unmounted by itself; its own exit status then decides rebound's.
+        driver_initiated: bool,
     },
 }
 
@@ -245,9 +247,21 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                     }
                     return Ok(1);
                 }
-                Phase::Stopping { exit_code, .. } => {
+                Phase::Stopping {
+                    exit_code,
+                    driver_initiated,
+                    ..
+                } => {
                     if let Some(s) = &served {
                         log_stats(s);
+                    }
+                    // A driver that unmounts and fails (sshfs that cannot reach its server)
+                    // has failed, whatever the unmount did.
+                    if let Some(exit) =
+                        initial_exit.filter(|e| driver_initiated && *e != Exit::Code(0))
+                    {
+                        tracing::error!("driver `{driver_name}` failed ({exit})");
+                        return Ok(exit.shell_code());
                     }
                     return Ok(exit_code);
                 }
@@ -288,6 +302,7 @@ fn stopping(config: &Config, signal: bool, exit_code: i32) -> Phase {
         deadline: Instant::now() + config.stop_timeout(),
         killed: false,
         exit_code,
+        driver_initiated: !signal,
     }
 }
 
