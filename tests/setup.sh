@@ -78,6 +78,6 @@ done
 gofuse="$tests/fixtures/gofuse-loopback"
 if ! up_to_date "$bin/gofuse-loopback" "$gofuse/main.go" "$gofuse/go.mod" "$gofuse/go.sum"; then
   echo "setup: building gofuse-loopback" >&2
-  (cd "$gofuse" && go build -o "$bin/gofuse-loopback.new" .)
+  (cd "$gofuse" && go build -buildvcs=false -o "$bin/gofuse-loopback.new" .)
   mv "$bin/gofuse-loopback.new" "$bin/gofuse-loopback"
 fi

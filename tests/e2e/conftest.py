@@ -32,8 +32,7 @@ def preconditions():
         pytest.exit(f"fixture drivers not built ({', '.join(missing)}): run tests/setup.sh",
                     returncode=1)
     # What an interrupted earlier run left is removed first, so that it is not blamed on us.
-    for stale in mounts.stale_workdirs():
-        mounts.remove_workdir(stale)
+    mounts.reap_stale_workdirs()
     yield
     # Nothing may outlive the session: no mount and no directory of ours under /tmp.
     left = mounts.workdirs(owner=os.getpid())

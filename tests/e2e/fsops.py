@@ -2,19 +2,23 @@
 
 Owns: the operations the differential tests replay on a direct and on a rebound mount, and the
 normalisation of their results. `run(root)` works in `root/fsops` and returns a list of
-`(step, outcome)` pairs, where outcome is "ok" (optionally followed by details that must match
-between two mounts of the same driver: sizes, modes, link counts, digests of data) or the name
-of the errno the step failed with. Things that legitimately differ between two mounts (inode
-numbers, current times, absolute paths) never appear in an outcome; error codes and data always
-do.
+`(step, outcome)` pairs, where outcome is the name of the errno the step failed with, or starts
+with "ok" when every check in the step held, followed by details that must match between two
+mounts of the same driver (sizes, modes, link counts, digests of data); a failed data check
+reads "MISMATCH ...". Things that legitimately differ between two mounts (inode numbers,
+current times, absolute paths, lock owners' pids) never appear in an outcome; error codes and
+data always do. RENAME_NOREPLACE, which os.rename cannot ask for, goes through glibc's
+renameat2 (ctypes), so FUSE_RENAME2 is covered too.
 
-One timing effect is normalised too: libfuse's high-level API (fuse2fs, passthrough_fh) renames
-a file unlinked while it thinks the file is open to `.fuse_hidden*`, and since the kernel sends
-RELEASE asynchronously after close(2), whether a just-closed file is hidden or removed depends on
-which request a driver thread handles first. Listings leave those names out, and rmdir waits
-(bounded) for them to go. An outcome starts with "ok" only when every check in the step held.
+One timing effect is normalised: libfuse's high-level API (it shows with fuse2fs) renames a
+file unlinked while it thinks the file is open to `.fuse_hidden*`, and since the kernel sends
+RELEASE asynchronously after close(2), whether a just-closed file is hidden or removed depends
+on which request a driver thread handles first (and a race inside libfuse can leave such a file
+behind for good). Listings leave those names out, and rmdir waits (bounded) for them to go,
+then removes orphans.
 """
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -120,7 +124,8 @@ def check(data, expected):
     """ "ok sha=..." when data is what was expected, else a MISMATCH naming both digests."""
     if data == expected:
         return f"ok sha={digest(data)}"
-    return f"MISMATCH len={len(data)} sha={digest(data)} expected len={len(expected)} sha={digest(expected)}"
+    return (f"MISMATCH len={len(data)} sha={digest(data)} "
+            f"expected len={len(expected)} sha={digest(expected)}")
 
 
 def is_hidden(name):
@@ -132,9 +137,12 @@ def listdir(path):
     return [n for n in os.listdir(path) if not is_hidden(n)]
 
 
-def rmdir(path, settle=5.0):
-    """os.rmdir; on ENOTEMPTY caused only by .fuse_hidden* files, waits until the delayed
-    RELEASE removes them (at most settle seconds), then tries once more."""
+def rmdir(path, settle=2.0):
+    """os.rmdir that tolerates libfuse's .fuse_hidden* files. On ENOTEMPTY caused only by them
+    it waits (at most settle seconds) for the delayed RELEASE to remove them. One can also stay
+    for good: libfuse checks "is it open?" and marks the node hidden in two steps, and a RELEASE
+    handled by another thread in between leaves the renamed file orphaned. Those orphans are
+    unlinked here (nothing has them open any more), then rmdir is tried once more."""
     try:
         os.rmdir(path)
     except OSError as e:
@@ -143,6 +151,10 @@ def rmdir(path, settle=5.0):
         deadline = time.monotonic() + settle
         while os.listdir(path) and time.monotonic() < deadline:
             time.sleep(0.02)
+        for name in os.listdir(path):
+            if is_hidden(name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(path, name))
         os.rmdir(path)
 
 
@@ -372,7 +384,8 @@ class FsOps:
             missing, extra = set(names) - set(listed), set(listed) - set(names)
             return f"MISMATCH n={len(listed)} missing={len(missing)} extra={sorted(extra)[:5]}"
         with os.scandir(self.p("many")) as it:
-            regular = sum(1 for e in it if e.is_file(follow_symlinks=False) and not is_hidden(e.name))
+            regular = sum(1 for e in it
+                          if e.is_file(follow_symlinks=False) and not is_hidden(e.name))
         return f"ok n={len(listed)} regular={regular}"
 
     def step_readdir_after_unlink(self):
@@ -506,7 +519,7 @@ class FsOps:
             rel = os.path.relpath(dirpath, self.d)
             filenames = [n for n in filenames if not is_hidden(n)]
             if rel == "many":
-                rows.append(f"many/:{len(filenames)} files")
+                rows.append(f"many/:{len(filenames)}-files")
                 dirnames[:] = []
                 continue
             for name in sorted(dirnames + filenames):
@@ -516,8 +529,7 @@ class FsOps:
         return "ok " + " ".join(sorted(rows))
 
     def steps(self):
-        return [(name[len("step_"):], getattr(self, name))
-                for name in STEP_ORDER]
+        return [(name[len("step_"):], getattr(self, name)) for name in STEP_ORDER]
 
 
 # Definition order is execution order.

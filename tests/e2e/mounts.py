@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -110,6 +111,14 @@ def _proc_stat(pid):
         return None
     fields = raw[raw.rindex(")") + 2:].split()
     return fields[0], int(fields[1])
+
+
+def comm(pid):
+    """The command name of pid, or "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def alive(pid):
@@ -214,15 +223,13 @@ class Sshd:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _free_port():
-    import socket
+def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def _port_open(port):
-    import socket
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
             return True
@@ -237,7 +244,7 @@ def start_sshd():
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)],
                            check=True, capture_output=True, timeout=30)
         shutil.copy(d / "client_key.pub", d / "authorized_keys")
-        port = _free_port()
+        port = free_port()
         (d / "sshd_config").write_text(
             f"ListenAddress 127.0.0.1\n"
             f"Port {port}\n"
@@ -330,9 +337,33 @@ def workdirs(owner=None):
     return [p for p, _ in found] if owner is not None else found
 
 
-def stale_workdirs():
-    """Directories whose owning process is gone (an interrupted run)."""
-    return [path for path, pid in workdirs() if pid is None or not alive(pid)]
+def stale_workdirs(grace=60.0):
+    """Directories whose owning process is gone (an interrupted run). One without an owner
+    file is only stale after grace seconds: it may be being created right now."""
+    now = time.time()
+    stale = []
+    for path, pid in workdirs():
+        if pid is None:
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime > grace:
+                    stale.append(path)
+        elif not alive(pid):
+            stale.append(path)
+    return stale
+
+
+def reap_stale_workdirs():
+    """Unmounts, stops and removes what interrupted runs left (their sshd, their drivers)."""
+    for path in stale_workdirs():
+        with open("/proc/self/mountinfo") as f:
+            inside = [p for p in (_unescape(line.split()[4]) for line in f)
+                      if p.startswith(str(path) + "/")]
+        for mnt in inside:
+            conn = fuse_connection(mnt)
+            if conn is not None:
+                abort_connection(conn)
+        kill_all(list(procs_mentioning(path)))
+        remove_workdir(path)
 
 
 def remove_workdir(work):
@@ -358,6 +389,7 @@ class Mount:
     proc: subprocess.Popen = None  # rebound, or a foreground driver, or a daemonizing one's parent
     driver_pids: list = field(default_factory=list)
     returncode: int = None  # of rebound or of a foreground driver, once stopped
+    stopped: bool = False  # set by stop(), or by a test that stopped the mount itself
     watchdog: float = WATCHDOG
     watchdog_fired: bool = False
     _timer: threading.Timer = None
@@ -474,6 +506,9 @@ class Mount:
         """The normal way down: SIGTERM to rebound, `umount` for a direct mount. Returns the
         exit status of rebound or of a foreground driver (None for a daemonized one)."""
         self._disarm_watchdog()
+        if self.stopped:
+            return self.returncode
+        self.stopped = True
         if self.mode == "rebound":
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)

@@ -191,6 +191,13 @@ impl Proxy {
         })
     }
 
+    /// Tells the driver its connection is over: its reads on the channel return 0 from now
+    /// on, as reads of `/dev/fuse` fail once a mount is gone. Drivers that wait for their
+    /// reader threads before exiting (go-fuse) need this.
+    pub fn disconnect_driver(&self) {
+        let _ = rustix::net::shutdown(&self.shared.driver, rustix::net::Shutdown::Both);
+    }
+
     /// Performs a driver's `splice(pipe -> channel, len)`: reads what the pipe holds (up to
     /// `len` bytes) as one message and delivers it with the same checks as a `write(2)`.
     /// A socket would cut a spliced message into datagrams of 16 pipe buffers each, which

@@ -142,6 +142,11 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                             phase = Phase::Serving;
                         }
                         Intercepted::Unmounted => {
+                            // The driver is done with the mount; its reader threads must
+                            // not wait for requests that will never come.
+                            if let Some(s) = &served {
+                                s.proxy.disconnect_driver();
+                            }
                             if !matches!(phase, Phase::Stopping { .. }) {
                                 tracing::info!("the driver unmounted its file system");
                                 phase = stopping(config, false, 0);
