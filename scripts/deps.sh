@@ -26,6 +26,12 @@ if ((${#missing[@]})); then
   apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# Debian's python3-pytest serves /usr/bin/python3; another python3 on PATH gets it from PyPI.
+if ! python3 -c 'import pytest' 2>/dev/null; then
+  echo "deps: installing pytest for $(command -v python3)" >&2
+  python3 -m pip install --quiet pytest
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
   if [ -x "$HOME/.cargo/bin/cargo" ]; then
     export PATH="$HOME/.cargo/bin:$PATH"

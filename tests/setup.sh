@@ -12,28 +12,7 @@ bin="$tests/.build/bin"
 export PATH="/usr/local/go/bin:$HOME/go/bin:$PATH"
 
 # --- packages ------------------------------------------------------------------------------
-packages=(fuse3 libfuse3-dev fuse2fs sshfs openssh-server openssh-client e2fsprogs attr fio
-          gcc pkg-config)
-command -v go >/dev/null 2>&1 || packages+=(golang-go)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ! python3 -c 'import pytest' 2>/dev/null; then
-  # Debian's package serves /usr/bin/python3; another python3 on PATH gets pytest from PyPI below.
-  missing+=(python3-pytest)
-fi
-if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-if ! python3 -c 'import pytest' 2>/dev/null; then
-  echo "setup: installing pytest for $(command -v python3)" >&2
-  python3 -m pip install --quiet pytest
-fi
-[ -e /dev/fuse ] || { echo "setup: /dev/fuse is missing (modprobe fuse)" >&2; exit 1; }
+"$tests/../scripts/deps.sh"
 
 # --- builds --------------------------------------------------------------------------------
 mkdir -p "$bin"
