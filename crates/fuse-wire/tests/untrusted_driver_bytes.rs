@@ -57,7 +57,14 @@ fn exercise(bytes: &[u8], shape: ReplyShape, minor: u32) {
     if fix_init_reply(&mut copy, 1 << 20).is_ok() {
         assert_eq!(copy.len(), bytes.len(), "INIT rewrite keeps the length");
     }
-    let _ = Request::parse(bytes).map(|r| r.reply_shape());
+    if let Ok(r) = Request::parse(bytes) {
+        let _ = r.reply_shape();
+        if let fuse_wire::Change::BatchForget { entries } = r.change() {
+            let _ = fuse_wire::change::forget_entries(entries).count();
+        }
+    }
+    let _ = fuse_wire::change::direntplus_entries(bytes).count();
+    let _ = fuse_wire::change::open_handle(bytes, true);
 }
 
 proptest! {
@@ -67,6 +74,20 @@ proptest! {
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600),
                                 shape in any_shape(), minor in 0u32..50) {
         exercise(&bytes, shape, minor);
+    }
+
+    #[test]
+    fn framed_requests_never_panic(opcode in 0u32..60, nodeid in any::<u64>(),
+                                   body in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let header = fuse_wire::InHeader {
+            len: (size::IN_HEADER + body.len()) as u32,
+            opcode,
+            nodeid,
+            ..Default::default()
+        };
+        let mut msg = header.as_bytes().to_vec();
+        msg.extend_from_slice(&body);
+        exercise(&msg, ReplyShape::Any, 31);
     }
 
     #[test]

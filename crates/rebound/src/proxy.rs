@@ -20,7 +20,7 @@ use std::sync::Arc;
 use fuse_wire::{abi, DriverMessage, Opcode, Request};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags};
-use tracker::{Inflight, InflightTable};
+use tracker::{Inflight, InflightTable, ObjectTable, PendingChange};
 
 /// Largest WRITE payload rebound lets a driver negotiate (the kernel's own ceiling with the
 /// default `max_pages_limit` of 256 pages).
@@ -101,6 +101,7 @@ struct Shared {
     kernel: OwnedFd,
     driver: OwnedFd,
     inflight: InflightTable,
+    objects: std::sync::Mutex<ObjectTable>,
     /// Negotiated protocol minor version; 0 until INIT completes.
     minor: AtomicU32,
     stats: Arc<ProxyStats>,
@@ -154,6 +155,11 @@ impl LogBudget {
 }
 
 impl Shared {
+    fn objects(&self) -> std::sync::MutexGuard<'_, ObjectTable> {
+        // Every update is applied whole under the lock, so a poisoned table is still usable.
+        self.objects.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn report(&self, event: ProxyEvent) {
         use std::io::Write;
         // The supervisor polls the other end; if it is gone, so is everything else.
@@ -170,6 +176,7 @@ impl Proxy {
             kernel,
             driver,
             inflight: InflightTable::new(),
+            objects: std::sync::Mutex::new(ObjectTable::new()),
             minor: AtomicU32::new(0),
             stats: stats.clone(),
             events,
@@ -189,6 +196,12 @@ impl Proxy {
             shared,
             splice_buffer: std::sync::Mutex::new(vec![0u8; BUFFER_SIZE]),
         })
+    }
+
+    /// How many nodes and open handles the kernel holds through the driver.
+    pub fn held_objects(&self) -> (usize, usize) {
+        let objects = self.shared.objects();
+        (objects.node_count(), objects.handle_count())
     }
 
     /// Tells the driver its connection is over: its reads on the channel return 0 from now
@@ -251,13 +264,20 @@ fn kernel_to_driver(shared: &Shared) {
             }
         };
         let msg = &mut buf[..len];
-        let (unique, raw_opcode, opcode, shape) = match Request::parse(msg) {
-            Ok(req) => (
-                req.header.unique,
-                req.header.opcode,
-                req.opcode,
-                req.reply_shape(),
-            ),
+        let (unique, raw_opcode, opcode, shape, change) = match Request::parse(msg) {
+            Ok(req) => {
+                let change = match req.change() {
+                    fuse_wire::Change::None => PendingChange::None,
+                    change => shared.objects().on_request(change),
+                };
+                (
+                    req.header.unique,
+                    req.header.opcode,
+                    req.opcode,
+                    req.reply_shape(),
+                    change,
+                )
+            }
             Err(e) => {
                 tracing::error!("unparsable request from the kernel: {e}");
                 continue;
@@ -277,6 +297,7 @@ fn kernel_to_driver(shared: &Shared) {
                 Inflight {
                     opcode: raw_opcode,
                     shape,
+                    change,
                 },
             );
         }
@@ -407,6 +428,11 @@ fn check_driver_message(shared: &Shared, msg: &[u8]) -> Option<ReplyTo> {
     match parsed.validate_reply(request.shape, minor) {
         Ok(()) => {
             shared.stats.replies.fetch_add(1, Ordering::Relaxed);
+            // Committed before the kernel sees the reply, so that a FORGET the reply makes
+            // possible can never arrive first.
+            if parsed.header.error == 0 && request.change != PendingChange::None {
+                shared.objects().on_success(request.change, parsed.body);
+            }
             Some(ReplyTo {
                 unique,
                 is_init: request.opcode == Opcode::Init as u32,

@@ -12,13 +12,17 @@ use std::sync::Mutex;
 
 use fuse_wire::ReplyShape;
 
+use crate::objects::PendingChange;
+
 /// One request the driver has not answered yet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Inflight {
     /// Raw opcode, for logs (unknown opcodes are forwarded too).
     pub opcode: u32,
     /// What a successful reply must look like.
     pub shape: ReplyShape,
+    /// What a successful reply commits to the object table.
+    pub change: PendingChange,
 }
 
 /// The requests in flight, keyed by the kernel's `unique`.
@@ -70,6 +74,7 @@ mod tests {
     const GETATTR: Inflight = Inflight {
         opcode: 3,
         shape: ReplyShape::Attr,
+        change: PendingChange::None,
     };
 
     #[test]

@@ -1,8 +1,11 @@
 //! The object tracker (Nooks): everything the kernel holds through the driver.
 //!
-//! Owns: pure bookkeeping data structures, shared by the proxy's threads.
+//! Owns: pure bookkeeping data structures, shared by the proxy's threads: requests in flight
+//! ([`inflight`]) and the nodes and handles the kernel holds ([`objects`]).
 //! Must not: do I/O, or know about processes and descriptors.
 
 pub mod inflight;
+pub mod objects;
 
 pub use inflight::{Inflight, InflightTable};
+pub use objects::{Handle, Node, ObjectTable, PendingChange};

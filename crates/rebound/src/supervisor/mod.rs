@@ -332,8 +332,10 @@ fn unmount(mountpoint: &std::path::Path) {
 fn log_stats(served: &Served) {
     use std::sync::atomic::Ordering::Relaxed;
     let stats = &served.proxy.stats;
+    let (nodes, handles) = served.proxy.held_objects();
     tracing::info!(
-        "{}: {} requests, {} replies, {} notifications, {} refused driver messages",
+        "{}: {} requests, {} replies, {} notifications, {} refused driver messages; \
+         the kernel still held {nodes} nodes and {handles} open handles",
         served.mountpoint.display(),
         stats.requests.load(Relaxed),
         stats.replies.load(Relaxed),
