@@ -6,6 +6,7 @@ serves (rebound notices, logs the cause, leaves no mount and no process behind).
 """
 
 import errno
+import json
 import os
 import signal
 import subprocess
@@ -131,3 +132,38 @@ def test_a_driver_killed_while_serving_leaves_nothing_behind(running, workdir):
     assert "is gone" in r.stderr() or "closed its channel" in r.stderr(), r.stderr()
     assert not mounts.is_mounted(r.mnt)
     assert mounts.wait_for(lambda: not mounts.procs_mentioning(r.mnt), 5), "driver processes left"
+
+
+def rebound_status():
+    out = subprocess.run([str(mounts.rebound_bin()), "status", "--json"], capture_output=True,
+                         text=True, timeout=10, check=True)
+    return json.loads(out.stdout)
+
+
+def test_status_reports_the_mount_and_what_the_kernel_holds(running, workdir):
+    src = workdir / "src"
+    src.mkdir()
+    ll = str(mounts.fixture_bin("passthrough_ll"))
+    r = running(lambda mnt: [ll, "-o", f"source={src}", str(mnt)])
+    for i in range(10):
+        (r.mnt / f"f{i}").write_text(str(i))
+    with open(r.mnt / "f0") as held:
+        mine = mounts.wait_for(
+            lambda: [s for s in rebound_status() if s["mountpoint"] == str(r.mnt)
+                     and s["open_handles"] >= 1], 5)
+        assert mine, rebound_status()
+        status = mine[0]
+        assert status["state"] == "serving"
+        assert status["rebound_pid"] == r.proc.pid
+        assert status["restarts"] == 0 and status["recovery_ms"] == []
+        assert status["nodes"] >= 10, status
+        cmdline = Path(f"/proc/{status['driver_pid']}/cmdline").read_bytes()
+        assert b"passthrough_ll" in cmdline, "driver_pid is the serving driver process"
+        assert held.read() == "0"
+    table = subprocess.run([str(mounts.rebound_bin()), "status"], capture_output=True,
+                           text=True, timeout=10, check=True).stdout
+    assert str(r.mnt) in table and "serving" in table, table
+
+    r.proc.send_signal(signal.SIGTERM)
+    assert r.proc.wait(timeout=mounts.STOP_TIMEOUT) == 0
+    assert all(s["mountpoint"] != str(r.mnt) for s in rebound_status())

@@ -2,6 +2,7 @@
 //! supervisor; nothing else lives here.
 
 mod config;
+mod control;
 mod proxy;
 mod supervisor;
 
@@ -42,6 +43,12 @@ enum Verb {
         )]
         driver: Vec<OsString>,
     },
+    /// One line per mount served by rebound: driver pid, state, restarts, last failure.
+    Status {
+        /// The same as a JSON array.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -60,6 +67,21 @@ fn main() -> ExitCode {
         .init();
 
     match cli.command {
+        Verb::Status { json } => {
+            let all = control::query_all(&control::run_dir());
+            if json {
+                match serde_json::to_string_pretty(&all) {
+                    Ok(text) => println!("{text}"),
+                    Err(e) => {
+                        eprintln!("rebound: {e}");
+                        return ExitCode::from(1);
+                    }
+                }
+            } else {
+                print!("{}", control::render_table(&all));
+            }
+            ExitCode::SUCCESS
+        }
         Verb::Run { config, driver } => {
             let config = match config.as_deref().map(Config::load).transpose() {
                 Ok(config) => config.unwrap_or_default(),

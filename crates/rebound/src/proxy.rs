@@ -200,8 +200,13 @@ impl Proxy {
 
     /// How many nodes and open handles the kernel holds through the driver.
     pub fn held_objects(&self) -> (usize, usize) {
-        let objects = self.shared.objects();
-        (objects.node_count(), objects.handle_count())
+        held_objects(&self.shared)
+    }
+
+    /// A reader of [`Proxy::held_objects`] that other threads can keep.
+    pub fn held_objects_reader(&self) -> impl Fn() -> (usize, usize) + Send + 'static {
+        let shared = self.shared.clone();
+        move || held_objects(&shared)
     }
 
     /// Tells the driver its connection is over: its reads on the channel return 0 from now
@@ -248,6 +253,11 @@ impl Proxy {
         deliver_driver_message(&self.shared, &mut buf[..got]);
         Ok(got)
     }
+}
+
+fn held_objects(shared: &Shared) -> (usize, usize) {
+    let objects = shared.objects();
+    (objects.node_count(), objects.handle_count())
 }
 
 fn kernel_to_driver(shared: &Shared) {

@@ -17,6 +17,7 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -25,6 +26,7 @@ use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::process::Signal;
 
 use crate::config::Config;
+use crate::control::{self, ControlSocket, StatusBoard};
 use crate::proxy::{Proxy, ProxyEvent};
 use intercept::Intercepted;
 use process::Exit;
@@ -72,6 +74,20 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         .with_context(|| format!("cannot start driver `{driver_name}`"))?;
     let initial_pid = child.id() as i32;
     tracing::info!("started driver `{driver_name}` as pid {initial_pid}");
+
+    let board = Arc::new(StatusBoard::default());
+    board.update(|s| {
+        s.state = "starting".into();
+        s.driver = argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        s.driver_pid = Some(initial_pid);
+        s.rebound_pid = std::process::id();
+    });
+    let _control = ControlSocket::start(&control::run_dir(), board.clone())
+        .inspect_err(|e| tracing::warn!("no status socket: {e:#}"))
+        .ok();
 
     let mut phase = Phase::Starting {
         deadline: Instant::now() + config.mount_timeout(),
@@ -134,6 +150,12 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                             let tx = events_tx.take().context("second mount")?;
                             let proxy = Proxy::start(mount.kernel, mount.channel, tx)
                                 .context("starting the proxy")?;
+                            board
+                                .attach(proxy.stats.clone(), Box::new(proxy.held_objects_reader()));
+                            board.update(|s| {
+                                s.mountpoint = mount.mountpoint.display().to_string();
+                                s.state = "serving".into();
+                            });
                             served = Some(Served {
                                 mountpoint: mount.mountpoint,
                                 channel_inode: mount.channel_inode,
@@ -149,7 +171,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                             }
                             if !matches!(phase, Phase::Stopping { .. }) {
                                 tracing::info!("the driver unmounted its file system");
-                                phase = stopping(config, false, 0);
+                                phase = stopping(config, &board, false, 0);
                             }
                         }
                         Intercepted::Other => {}
@@ -172,7 +194,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                     if let Some(s) = &served {
                         unmount(&s.mountpoint);
                     }
-                    phase = stopping(config, true, 0);
+                    phase = stopping(config, &board, true, 0);
                 }
             }
         }
@@ -189,15 +211,18 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                                 "{} was unmounted; stopping the driver",
                                 s.mountpoint.display()
                             );
-                            phase = stopping(config, true, 0);
+                            phase = stopping(config, &board, true, 0);
                         }
                         ProxyEvent::DriverGone => {
+                            board.update(|b| {
+                                b.last_failure = Some("driver closed its channel".into())
+                            });
                             tracing::error!(
                                 "the driver closed its channel to {}",
                                 s.mountpoint.display()
                             );
                             unmount(&s.mountpoint);
-                            phase = stopping(config, true, 1);
+                            phase = stopping(config, &board, true, 1);
                         }
                     }
                 }
@@ -215,7 +240,8 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                 if let (Phase::Serving, Some(s)) = (&phase, &served) {
                     match process::holder_of_socket(s.channel_inode) {
                         Some(daemon) => {
-                            tracing::info!("driver daemonized; pid {daemon} serves the mount")
+                            tracing::info!("driver daemonized; pid {daemon} serves the mount");
+                            board.update(|s| s.driver_pid = Some(daemon));
                         }
                         None => tracing::debug!("driver pid {pid} exited ({exit})"),
                     }
@@ -280,7 +306,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                     "`{driver_name}` did not mount a FUSE file system within {} ms; is it a FUSE driver?",
                     config.mount_timeout_ms
                 );
-                phase = stopping(config, true, 1);
+                phase = stopping(config, &board, true, 1);
             }
             Phase::Stopping {
                 deadline, killed, ..
@@ -299,7 +325,8 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
 }
 
 /// Enters the stopping phase; with `signal`, asks every driver process to terminate.
-fn stopping(config: &Config, signal: bool, exit_code: i32) -> Phase {
+fn stopping(config: &Config, board: &StatusBoard, signal: bool, exit_code: i32) -> Phase {
+    board.update(|s| s.state = "stopping".into());
     if signal {
         process::signal_all(Signal::TERM);
     }
