@@ -88,7 +88,7 @@ pub fn handle(
         // Usually the caller died or was interrupted and nothing waits for an answer; if it
         // still waits, it must not wait forever.
         tracing::debug!("intercepted call of pid {} failed: {e}", notif.pid);
-        let _ = seccomp::respond(listener, notif.id, -1, libc_errno(Errno::IO));
+        let _ = seccomp::respond(listener, notif.id, -1, Errno::IO.raw_os_error());
         Intercepted::Other
     })
 }
@@ -123,7 +123,7 @@ fn handle_mount(
             call.target.display(),
             mountpoint.display()
         );
-        seccomp::respond(listener, notif.id, -1, libc_errno(Errno::BUSY))?;
+        seccomp::respond(listener, notif.id, -1, Errno::BUSY.raw_os_error())?;
         return Ok(Intercepted::Other);
     }
     match mount_for_driver(listener, notif, &call) {
@@ -132,7 +132,7 @@ fn handle_mount(
             Ok(Intercepted::Mounted(mount))
         }
         Err(errno) => {
-            seccomp::respond(listener, notif.id, -1, libc_errno(errno))?;
+            seccomp::respond(listener, notif.id, -1, errno.raw_os_error())?;
             Ok(Intercepted::Other)
         }
     }
@@ -235,7 +235,7 @@ fn handle_umount(
             Ok(Intercepted::Unmounted)
         }
         Err(errno) => {
-            seccomp::respond(listener, notif.id, -1, libc_errno(errno))?;
+            seccomp::respond(listener, notif.id, -1, errno.raw_os_error())?;
             Ok(Intercepted::Other)
         }
     }
@@ -263,7 +263,7 @@ fn handle_clone(
         channel_inode.is_some_and(|ino| link == Some(PathBuf::from(format!("socket:[{ino}]"))))
     };
     let Ok(master) = master else {
-        seccomp::respond(listener, notif.id, -1, libc_errno(Errno::FAULT))?;
+        seccomp::respond(listener, notif.id, -1, Errno::FAULT.raw_os_error())?;
         return Ok(Intercepted::Other);
     };
     if !seccomp::id_valid(listener, notif.id) || !is_channel(master) {
@@ -288,7 +288,7 @@ fn handle_clone(
             listener,
             notif.id,
             -1,
-            e.raw_os_error().unwrap_or(libc_errno(Errno::IO)),
+            e.raw_os_error().unwrap_or(Errno::IO.raw_os_error()),
         )?;
         return Ok(Intercepted::Other);
     }
@@ -336,7 +336,7 @@ fn handle_splice(
             listener,
             notif.id,
             -1,
-            e.raw_os_error().unwrap_or(libc_errno(Errno::IO)),
+            e.raw_os_error().unwrap_or(Errno::IO.raw_os_error()),
         )?,
     }
     Ok(Intercepted::Other)
@@ -463,10 +463,6 @@ fn fd_is_cloexec(pid: u32, fd: u32) -> bool {
                 .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
         })
         .is_some_and(|flags| flags & O_CLOEXEC != 0)
-}
-
-fn libc_errno(errno: Errno) -> i32 {
-    errno.raw_os_error()
 }
 
 #[cfg(test)]

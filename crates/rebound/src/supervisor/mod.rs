@@ -177,7 +177,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                         Intercepted::Other => {}
                     }
                 }
-                Err(e) if e.raw_os_error() == Some(libc_enoent()) => {}
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOENT.raw_os_error()) => {}
                 Err(e) => tracing::debug!("seccomp receive: {e}"),
             }
         } else if listener_hup {
@@ -369,10 +369,6 @@ fn log_stats(served: &Served) {
         stats.notifications.load(Relaxed),
         stats.refused.load(Relaxed),
     );
-}
-
-fn libc_enoent() -> i32 {
-    rustix::io::Errno::NOENT.raw_os_error()
 }
 
 /// Signals delivered as readable bytes on a socket, so that `poll` can wait for them.
