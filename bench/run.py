@@ -87,7 +87,8 @@ class Target:
         subprocess.run(["umount", str(self.mnt)], check=False, capture_output=True)
         if self.proc is not None:
             try:
-                self.proc.wait(timeout=30)
+                # fuse2fs flushes its image after the unmount; give it the time it needs.
+                self.proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 self.proc.send_signal(signal.SIGKILL)
                 self.proc.wait()

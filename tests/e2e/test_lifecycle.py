@@ -41,7 +41,7 @@ def serving_pids(m):
 
 # --- stopping ---------------------------------------------------------------------------------
 
-# A driver must stop by itself, well before rebound's default stop_timeout_ms (5000) would
+# A driver must stop by itself, well before rebound's default stop_timeout_ms (60000) would
 # SIGKILL it; directly mounted, each of them takes milliseconds.
 STOP_GRACE = 4.0
 

@@ -15,7 +15,9 @@ pub struct Config {
     /// How long the driver may take from start to `mount(2)` before rebound gives up on it
     /// (it may be a command that is not a FUSE driver at all).
     pub mount_timeout_ms: u64,
-    /// How long a stopping driver gets after SIGTERM before it is killed.
+    /// How long a stopping driver gets to finish (flush its image, close its connection)
+    /// before it is killed. Killing a driver mid-flush can corrupt what it stores, so this is
+    /// generous; a second SIGINT/SIGTERM to rebound kills at once.
     pub stop_timeout_ms: u64,
 }
 
@@ -23,7 +25,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             mount_timeout_ms: 30_000,
-            stop_timeout_ms: 5_000,
+            stop_timeout_ms: 60_000,
         }
     }
 }

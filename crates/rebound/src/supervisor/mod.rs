@@ -187,8 +187,16 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
 
         if terminate_ready {
             terminate.drain();
-            match phase {
-                Phase::Stopping { .. } => {}
+            match &mut phase {
+                Phase::Stopping { killed, .. } => {
+                    // A second request to stop: the operator does not want to wait for the
+                    // driver to finish writing.
+                    if !*killed {
+                        tracing::warn!("second stop signal: killing the driver");
+                        process::signal_all(Signal::KILL);
+                        *killed = true;
+                    }
+                }
                 _ => {
                     tracing::info!("stopping on signal");
                     if let Some(s) = &served {
