@@ -21,21 +21,12 @@ ROGUE = Path(__file__).resolve().parents[1] / "fixtures" / "rogue_driver.py"
 BAD_NAMES = ("bad-size", "bad-error", "bad-type", "wrong-unique")
 
 
-def stat_errno(path, timeout=10):
-    """errno of stat(path) (0 on success), in a child so that a hang fails the test instead
-    of blocking it."""
-    code = ("import os,sys\n"
-            "try:\n os.stat(sys.argv[1]); print(0)\n"
-            "except OSError as e:\n print(e.errno)\n")
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
-                         text=True, timeout=timeout, check=True)
-    return int(out.stdout)
-
-
-def read_errno(path, timeout=10):
-    code = ("import sys\n"
-            "try:\n open(sys.argv[1],'rb').read(); print(0)\n"
-            "except OSError as e:\n print(e.errno)\n")
+def errno_of(action, path, timeout=10):
+    """errno of `action` ("stat" or "read") on path, 0 on success. Runs in a child so that a
+    hang fails the test instead of blocking it."""
+    call = {"stat": "os.stat(p)", "read": "open(p, 'rb').read()"}[action]
+    code = (f"import os,sys\np = sys.argv[1]\n"
+            f"try:\n {call}; print(0)\nexcept OSError as e:\n print(e.errno)\n")
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
                          text=True, timeout=timeout, check=True)
     return int(out.stdout)
@@ -99,8 +90,8 @@ def test_malformed_replies_are_refused_and_the_mount_goes_on(running):
     for name in BAD_NAMES:
         # Directly mounted, "bad-error" leaves the caller waiting forever; behind rebound
         # every bad reply becomes EIO at once.
-        assert stat_errno(r.mnt / name) == errno.EIO, name
-    assert read_errno(r.mnt / "long-read") == errno.EIO
+        assert errno_of("stat", r.mnt / name) == errno.EIO, name
+    assert errno_of("read", r.mnt / "long-read") == errno.EIO
     assert (r.mnt / "good").read_bytes() == b"good data\n"
 
     log = r.stderr()
