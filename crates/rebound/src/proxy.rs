@@ -98,7 +98,9 @@ pub struct Proxy {
 }
 
 struct Shared {
-    kernel: OwnedFd,
+    /// rebound's `/dev/fuse` descriptors: the one it mounted with and its clones, each read by
+    /// its own thread. A reply must go back on the descriptor that read its request.
+    queues: Vec<OwnedFd>,
     driver: OwnedFd,
     inflight: InflightTable,
     objects: std::sync::Mutex<ObjectTable>,
@@ -169,11 +171,23 @@ impl Shared {
 
 impl Proxy {
     /// Starts forwarding between `kernel` (rebound's `/dev/fuse`) and `driver` (rebound's end
-    /// of the channel). Events are written to `events` as single bytes.
+    /// of the channel), with one kernel queue per CPU (up to four). Events are written to
+    /// `events` as single bytes.
     pub fn start(kernel: OwnedFd, driver: OwnedFd, events: UnixStream) -> io::Result<Proxy> {
+        let wanted = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+        let mut queues = vec![kernel];
+        while queues.len() < wanted {
+            match rebound_sys::fuse_dev::clone_connection(queues[0].as_fd()) {
+                Ok(clone) => queues.push(clone),
+                Err(e) => {
+                    tracing::debug!("staying with {} kernel queue(s): {e}", queues.len());
+                    break;
+                }
+            }
+        }
         let stats = Arc::new(ProxyStats::default());
         let shared = Arc::new(Shared {
-            kernel,
+            queues,
             driver,
             inflight: InflightTable::new(),
             objects: std::sync::Mutex::new(ObjectTable::new()),
@@ -182,12 +196,14 @@ impl Proxy {
             events,
             refusal_log: LogBudget::new(REFUSALS_LOGGED_PER_SECOND),
         });
-        let down = shared.clone();
-        let up = shared.clone();
         // The threads run for as long as rebound does: they end when either side closes.
-        std::thread::Builder::new()
-            .name("kernel-to-driver".into())
-            .spawn(move || kernel_to_driver(&down))?;
+        for queue in 0..shared.queues.len() {
+            let down = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("kernel-queue-{queue}"))
+                .spawn(move || kernel_to_driver(&down, queue))?;
+        }
+        let up = shared.clone();
         std::thread::Builder::new()
             .name("driver-to-kernel".into())
             .spawn(move || driver_to_kernel(&up))?;
@@ -260,10 +276,11 @@ fn held_objects(shared: &Shared) -> (usize, usize) {
     (objects.node_count(), objects.handle_count())
 }
 
-fn kernel_to_driver(shared: &Shared) {
+fn kernel_to_driver(shared: &Shared, queue: usize) {
+    let kernel = &shared.queues[queue];
     let mut buf = vec![0u8; BUFFER_SIZE];
     loop {
-        let len = match rustix::io::read(&shared.kernel, &mut buf[..]) {
+        let len = match rustix::io::read(kernel, &mut buf[..]) {
             Ok(len) => len,
             // ENOENT: the request was interrupted before it could be read.
             Err(Errno::INTR | Errno::NOENT | Errno::AGAIN) => continue,
@@ -308,6 +325,7 @@ fn kernel_to_driver(shared: &Shared) {
                     opcode: raw_opcode,
                     shape,
                     change,
+                    queue: queue as u8,
                 },
             );
         }
@@ -321,7 +339,7 @@ fn kernel_to_driver(shared: &Shared) {
             Err(e) => {
                 tracing::error!("sending request {unique} to the driver: {e}");
                 shared.inflight.take(unique);
-                answer_in_drivers_place(shared, unique, Errno::IO);
+                answer_in_drivers_place(shared, unique, queue, Errno::IO);
             }
         }
     }
@@ -370,18 +388,24 @@ fn deliver_driver_message(shared: &Shared, msg: &mut [u8]) {
                 );
             }
             Err(e) => {
-                refuse(shared, Some(reply_to.unique), &format!("INIT reply: {e}"));
+                refuse(
+                    shared,
+                    Some((reply_to.unique, reply_to.queue)),
+                    &format!("INIT reply: {e}"),
+                );
                 return;
             }
         }
     }
-    write_to_kernel(shared, msg);
+    write_to_kernel(shared, reply_to.queue, msg);
 }
 
 /// What a driver message that passed the checks answers.
 struct ReplyTo {
     unique: u64,
     is_init: bool,
+    /// The kernel queue that read the request (0 for notifications).
+    queue: usize,
 }
 
 /// Applies the wrapper checks to one driver message. Returns where it goes if it may be
@@ -402,6 +426,7 @@ fn check_driver_message(shared: &Shared, msg: &[u8]) -> Option<ReplyTo> {
                 Some(ReplyTo {
                     unique,
                     is_init: false,
+                    queue: 0,
                 })
             }
             Err(e) => {
@@ -412,9 +437,14 @@ fn check_driver_message(shared: &Shared, msg: &[u8]) -> Option<ReplyTo> {
     }
     if unique & abi::INT_REQ_BIT != 0 {
         return match parsed.validate_reply(fuse_wire::ReplyShape::ErrorOnly, 0) {
+            // The interrupted request, if still in flight, says which queue read it.
             Ok(()) => Some(ReplyTo {
                 unique,
                 is_init: false,
+                queue: shared
+                    .inflight
+                    .queue_of(unique & !abi::INT_REQ_BIT)
+                    .map_or(0, usize::from),
             }),
             Err(e) => {
                 refuse(
@@ -446,6 +476,7 @@ fn check_driver_message(shared: &Shared, msg: &[u8]) -> Option<ReplyTo> {
             Some(ReplyTo {
                 unique,
                 is_init: request.opcode == Opcode::Init as u32,
+                queue: usize::from(request.queue),
             })
         }
         Err(e) => {
@@ -453,7 +484,7 @@ fn check_driver_message(shared: &Shared, msg: &[u8]) -> Option<ReplyTo> {
                 .map_or_else(|| request.opcode.to_string(), |op| format!("{op:?}"));
             refuse(
                 shared,
-                Some(unique),
+                Some((unique, usize::from(request.queue))),
                 &format!("reply to {op} request {unique}: {e}"),
             );
             None
@@ -464,25 +495,26 @@ fn check_driver_message(shared: &Shared, msg: &[u8]) -> Option<ReplyTo> {
 /// Logs a refused driver message; if it answered a known request, fails that request.
 /// A driver can send garbage as fast as it likes, so at most `REFUSALS_LOGGED_PER_SECOND`
 /// are logged each second; the count in the stats is complete.
-fn refuse(shared: &Shared, unique: Option<u64>, why: &str) {
+fn refuse(shared: &Shared, request: Option<(u64, usize)>, why: &str) {
     let total = shared.stats.refused.fetch_add(1, Ordering::Relaxed) + 1;
     if shared.refusal_log.allow() {
         tracing::warn!("refused driver message: {why}");
     } else {
         tracing::debug!("refused driver message ({total} in all): {why}");
     }
-    if let Some(unique) = unique {
-        answer_in_drivers_place(shared, unique, Errno::IO);
+    if let Some((unique, queue)) = request {
+        answer_in_drivers_place(shared, unique, queue, Errno::IO);
     }
 }
 
-fn answer_in_drivers_place(shared: &Shared, unique: u64, errno: Errno) {
+fn answer_in_drivers_place(shared: &Shared, unique: u64, queue: usize, errno: Errno) {
     let reply = fuse_wire::error_reply(unique, errno.raw_os_error());
-    write_to_kernel(shared, &reply);
+    write_to_kernel(shared, queue, &reply);
 }
 
-fn write_to_kernel(shared: &Shared, msg: &[u8]) {
-    match rustix::io::write(shared.kernel.as_fd(), msg) {
+fn write_to_kernel(shared: &Shared, queue: usize, msg: &[u8]) {
+    let kernel = shared.queues.get(queue).unwrap_or(&shared.queues[0]);
+    match rustix::io::write(kernel.as_fd(), msg) {
         Ok(_) => {}
         // The request was interrupted and already completed: nobody waits for this reply.
         Err(Errno::NOENT) => {}

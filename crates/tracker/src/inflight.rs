@@ -23,6 +23,8 @@ pub struct Inflight {
     pub shape: ReplyShape,
     /// What a successful reply commits to the object table.
     pub change: PendingChange,
+    /// Which of rebound's kernel queues read the request (its reply must go back there).
+    pub queue: u8,
 }
 
 /// The requests in flight, keyed by the kernel's `unique`.
@@ -45,6 +47,11 @@ impl InflightTable {
     /// Removes and returns the request a reply answers, if it is in flight.
     pub fn take(&self, unique: u64) -> Option<Inflight> {
         self.lock().remove(&unique)
+    }
+
+    /// The queue that read a request still in flight.
+    pub fn queue_of(&self, unique: u64) -> Option<u8> {
+        self.lock().get(&unique).map(|r| r.queue)
     }
 
     /// Removes every request in flight (the driver is gone) and returns their ids.
@@ -75,6 +82,7 @@ mod tests {
         opcode: 3,
         shape: ReplyShape::Attr,
         change: PendingChange::None,
+        queue: 0,
     };
 
     #[test]

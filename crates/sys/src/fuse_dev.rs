@@ -1,0 +1,32 @@
+//! More queues on a FUSE connection: `FUSE_DEV_IOC_CLONE`.
+//!
+//! A cloned `/dev/fuse` descriptor reads from the same connection's request queue, but keeps
+//! its own list of requests being processed: a reply must be written to the descriptor that
+//! read the request. rebound gives each clone its own forwarding thread.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+
+use rustix::fs::{open, Mode, OFlags};
+
+/// `FUSE_DEV_IOC_CLONE`: `_IOR(229, 0, uint32_t)`.
+const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
+
+/// Opens a new `/dev/fuse` descriptor attached to the connection of `master`.
+pub fn clone_connection(master: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let clone = open("/dev/fuse", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
+    let mut master_fd = master.as_raw_fd() as u32;
+    // SAFETY: the ioctl reads one u32 (the master descriptor number) from the pointer, which
+    // points at a live local; both descriptors are open for the duration of the call.
+    let rc = unsafe {
+        libc::ioctl(
+            clone.as_raw_fd(),
+            FUSE_DEV_IOC_CLONE,
+            &mut master_fd as *mut u32,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(clone)
+}
