@@ -1,8 +1,8 @@
 //! Requests forwarded to the driver and not yet answered.
 //!
 //! A reply is accepted only for a request in this table, checked against the shape that
-//! request calls for, and removes it. When the driver is lost, the table says which requests
-//! the kernel is still waiting on.
+//! request calls for, and removes it. After a restart, recovery will need it to know which
+//! requests the kernel is still waiting on.
 //!
 //! Memory: one entry per request in flight; the kernel bounds those (`max_background` plus
 //! synchronous callers), so the table stays small whatever the traffic.
@@ -54,11 +54,6 @@ impl InflightTable {
         self.lock().get(&unique).map(|r| r.queue)
     }
 
-    /// Removes every request in flight (the driver is gone) and returns their ids.
-    pub fn drain(&self) -> Vec<(u64, Inflight)> {
-        self.lock().drain().collect()
-    }
-
     pub fn len(&self) -> usize {
         self.lock().len()
     }
@@ -96,18 +91,6 @@ mod tests {
             None,
             "a second reply to the same request is refused"
         );
-        assert!(table.is_empty());
-    }
-
-    #[test]
-    fn drain_returns_everything_outstanding() {
-        let table = InflightTable::new();
-        for unique in 1..=5 {
-            table.insert(unique * 2, GETATTR);
-        }
-        let mut ids: Vec<u64> = table.drain().into_iter().map(|(u, _)| u).collect();
-        ids.sort_unstable();
-        assert_eq!(ids, vec![2, 4, 6, 8, 10]);
         assert!(table.is_empty());
     }
 }
