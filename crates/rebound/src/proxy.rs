@@ -377,7 +377,7 @@ fn deliver_driver_message(shared: &Shared, msg: &mut [u8]) {
     let Some(reply_to) = check_driver_message(shared, msg) else {
         return;
     };
-    if reply_to.is_init && DriverMessage::parse(msg).map(|m| m.header.error) == Ok(0) {
+    if reply_to.is_init {
         match fuse_wire::fix_init_reply(msg, MAX_WRITE) {
             Ok(init) => {
                 shared.minor.store(init.minor, Ordering::Relaxed);
@@ -403,6 +403,7 @@ fn deliver_driver_message(shared: &Shared, msg: &mut [u8]) {
 /// What a driver message that passed the checks answers.
 struct ReplyTo {
     unique: u64,
+    /// A successful reply to INIT, which rebound rewrites before forwarding.
     is_init: bool,
     /// The kernel queue that read the request (0 for notifications).
     queue: usize,
@@ -475,7 +476,7 @@ fn check_driver_message(shared: &Shared, msg: &[u8]) -> Option<ReplyTo> {
             }
             Some(ReplyTo {
                 unique,
-                is_init: request.opcode == Opcode::Init as u32,
+                is_init: request.opcode == Opcode::Init as u32 && parsed.header.error == 0,
                 queue: usize::from(request.queue),
             })
         }
