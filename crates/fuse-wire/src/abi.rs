@@ -11,8 +11,10 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 pub const KERNEL_VERSION: u32 = 7;
 /// The inode number of the file system root.
 pub const ROOT_ID: u64 = 1;
-/// Set in `unique` of an INTERRUPT request (and of the reply to it).
-pub const INT_REQ_BIT: u64 = 1 << 63;
+/// Set in `unique` of the reply to an INTERRUPT: ordinary requests have even ids, and the
+/// driver answers an interrupt with the interrupted request's id plus this bit
+/// (`FUSE_INT_REQ_BIT` in the kernel's `fuse_dev_i.h`).
+pub const INT_REQ_BIT: u64 = 1;
 /// Replies may carry `-errno` down to, not including, this value (`fuse_dev_do_write`).
 pub const MIN_ERROR: i32 = -512;
 /// Longest path the kernel asks READLINK for.
