@@ -1,24 +1,43 @@
-//! The control socket of each `rebound run`, and `rebound status`, which reads them all.
+//! The control socket of each `rebound run`; `rebound status`, which asks them all, and
+//! `rebound restart`, which asks one run to restart its driver.
 //!
-//! Every `rebound run` listens on `RUN_DIR/<pid>.sock` and answers each connection with one
-//! line of JSON describing its mount ([`MountStatus`]). `rebound status` lists the sockets,
-//! asks each, and prints a table (or the JSON array with `--json`). A socket whose run is
-//! gone (connection refused) is removed.
+//! Every `rebound run` listens on `RUN_DIR/<pid>.sock`. A client writes one line with a
+//! command and reads one line of JSON back:
+//! - `status`: the mount's [`MountStatus`]. A client that writes nothing within 200 ms gets
+//!   the same (clients from before the commands only read).
+//! - `restart`: the run restarts its driver through the trigger it gave
+//!   [`ControlSocket::start`]; the [`RestartAnswer`] comes once the board shows that recovery
+//!   finished (or failed, or the run stops), after 120 s at most.
 //!
-//! Owns: the status record, the socket's life, the wire format (one JSON object per line).
-//! Must not: change the run it describes (status is read-only).
+//! Each connection has its own short-lived thread, so a slow restart does not hold up status
+//! queries. `rebound status` lists the sockets, asks each, and prints a table (or the JSON
+//! array with `--json`). A socket whose run is gone (connection refused) is removed.
+//!
+//! Owns: the status record, the socket's life, the wire format (a command line, then one JSON
+//! object per line), finding the run that serves a mount point.
+//! Must not: change the run it describes other than through the restart trigger the run gave
+//! it; restarting is the supervisor's business.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::proxy::ProxyStats;
+
+/// How long the server waits for a command before answering `status`.
+const COMMAND_WAIT: Duration = Duration::from_millis(200);
+/// The longest command line the server reads.
+const MAX_COMMAND: u64 = 256;
+/// How long a `restart` waits for the recovery to finish before answering anyway.
+pub const RESTART_WAIT: Duration = Duration::from_secs(120);
+/// How many recovery latencies [`MountStatus::recovery_ms`] keeps.
+const KEPT_RECOVERIES: usize = 100;
 
 /// Where the control sockets live; `REBOUND_RUN_DIR` overrides it (for tests).
 pub fn run_dir() -> PathBuf {
@@ -31,12 +50,20 @@ pub struct MountStatus {
     pub mountpoint: String,
     /// The process serving the mount (the daemon, once a driver has daemonized).
     pub driver_pid: Option<i32>,
-    /// `starting`, `serving` or `stopping`.
+    /// `starting`, `serving`, `recovering`, `failed` (no more restarts) or `stopping`.
     pub state: String,
     pub restarts: u32,
+    /// Driver failures detected in all (crashes, hangs, closed channels).
+    #[serde(default)]
+    pub failures: u64,
     /// The last failure of the driver and its cause, if any.
     pub last_failure: Option<String>,
-    /// Recent recovery latencies, detection to first request served, in milliseconds.
+    /// Objects (nodes, open handles) the recoveries could not restore; each now fails with
+    /// `EIO`.
+    #[serde(default)]
+    pub lost_objects: u64,
+    /// Recent recovery latencies, detection to first request served, in milliseconds (the
+    /// last 100; see [`StatusBoard::record_recovery`]).
     pub recovery_ms: Vec<f64>,
     pub driver: Vec<String>,
     pub rebound_pid: u32,
@@ -46,10 +73,26 @@ pub struct MountStatus {
     pub open_handles: usize,
 }
 
-/// The live status of this run, updated by the supervisor and read by the socket's thread.
+/// The answer to `restart`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RestartAnswer {
+    /// The driver was restarted and serves the mount again.
+    pub ok: bool,
+    /// The run's state when the answer was made.
+    pub state: String,
+    pub restarts: u32,
+    /// The latency of the last recovery, in milliseconds.
+    pub recovery_ms: Option<f64>,
+    /// Why the restart did not happen or did not succeed.
+    pub error: Option<String>,
+}
+
+/// The live status of this run, updated by the supervisor and read by the socket's threads.
 #[derive(Default)]
 pub struct StatusBoard {
     status: Mutex<MountStatus>,
+    /// Notified on every update, for [`StatusBoard::wait_until`].
+    changed: Condvar,
     counters: Mutex<Option<Counters>>,
 }
 
@@ -61,8 +104,40 @@ struct Counters {
 }
 
 impl StatusBoard {
+    fn status(&self) -> MutexGuard<'_, MountStatus> {
+        self.status.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Changes the status and wakes everyone waiting in [`StatusBoard::wait_until`].
     pub fn update(&self, change: impl FnOnce(&mut MountStatus)) {
-        change(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
+        change(&mut self.status());
+        self.changed.notify_all();
+    }
+
+    /// Adds the latency of a finished recovery, keeping the last 100.
+    // Called by the supervisor's recovery, which is being written; drop this `allow` then.
+    #[allow(dead_code)]
+    pub fn record_recovery(&self, ms: f64) {
+        self.update(|s| {
+            s.recovery_ms.push(ms);
+            let excess = s.recovery_ms.len().saturating_sub(KEPT_RECOVERIES);
+            s.recovery_ms.drain(..excess);
+        });
+    }
+
+    /// Waits until `done` holds for the status (checked now and after every update), for at
+    /// most `timeout`. Returns the status that satisfied it, or `None` on timeout. The proxy's
+    /// counters are not filled in.
+    pub fn wait_until(
+        &self,
+        mut done: impl FnMut(&MountStatus) -> bool,
+        timeout: Duration,
+    ) -> Option<MountStatus> {
+        let (status, result) = self
+            .changed
+            .wait_timeout_while(self.status(), timeout, |s| !done(s))
+            .unwrap_or_else(|e| e.into_inner());
+        (!result.timed_out()).then(|| status.clone())
     }
 
     /// Makes the proxy's counters part of every snapshot from now on.
@@ -71,11 +146,7 @@ impl StatusBoard {
     }
 
     pub fn snapshot(&self) -> MountStatus {
-        let mut status = self
-            .status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let mut status = self.status().clone();
         if let Some(c) = &*self.counters.lock().unwrap_or_else(|e| e.into_inner()) {
             status.requests = c.stats.requests.load(Relaxed);
             status.refused_replies = c.stats.refused.load(Relaxed);
@@ -85,27 +156,40 @@ impl StatusBoard {
     }
 }
 
+/// Asks the run to restart its driver. It must return at once (wake the loop that does the
+/// restart) and lead the board to a final state: `serving` with `restarts` incremented, or
+/// `failed`, or `stopping`.
+pub type RestartTrigger = Box<dyn Fn() + Send + Sync>;
+
 /// The listening socket of this run; removed when dropped.
 pub struct ControlSocket {
     path: PathBuf,
 }
 
 impl ControlSocket {
-    /// Starts answering status queries for `board` on `dir/<pid>.sock`.
-    pub fn start(dir: &Path, board: Arc<StatusBoard>) -> anyhow::Result<ControlSocket> {
+    /// Starts answering commands for `board` on `dir/<pid>.sock`; `restart` calls `trigger`.
+    pub fn start(
+        dir: &Path,
+        board: Arc<StatusBoard>,
+        trigger: RestartTrigger,
+    ) -> anyhow::Result<ControlSocket> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join(format!("{}.sock", std::process::id()));
         // A socket left by an earlier process with our pid is stale by definition.
         let _ = std::fs::remove_file(&path);
         let listener =
             UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
+        let trigger: Arc<dyn Fn() + Send + Sync> = Arc::from(trigger);
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
-                for mut conn in listener.incoming().flatten() {
-                    let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
-                    if let Ok(line) = serde_json::to_string(&board.snapshot()) {
-                        let _ = writeln!(conn, "{line}");
+                for conn in listener.incoming().flatten() {
+                    let (board, trigger) = (board.clone(), trigger.clone());
+                    let spawned = std::thread::Builder::new()
+                        .name("control-conn".into())
+                        .spawn(move || serve(&conn, &board, &*trigger));
+                    if let Err(e) = spawned {
+                        tracing::warn!("control socket: no thread for a connection: {e}");
                     }
                 }
             })?;
@@ -119,16 +203,104 @@ impl Drop for ControlSocket {
     }
 }
 
+/// Answers one connection: reads the command, writes one JSON line.
+fn serve(conn: &UnixStream, board: &StatusBoard, trigger: &(dyn Fn() + Send + Sync)) {
+    let _ = conn.set_read_timeout(Some(COMMAND_WAIT));
+    let mut line = String::new();
+    // No whole line in time: a client from before the commands, which only reads.
+    if BufReader::new(conn.take(MAX_COMMAND))
+        .read_line(&mut line)
+        .is_err()
+    {
+        line.clear();
+    }
+    let answer = match line.trim() {
+        "" | "status" => serde_json::to_string(&board.snapshot()),
+        "restart" => serde_json::to_string(&restart(board, trigger)),
+        other => serde_json::to_string(&serde_json::json!({
+            "error": format!("unknown command `{other}`; the commands are status and restart")
+        })),
+    };
+    let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
+    if let Ok(answer) = answer {
+        let mut conn = conn;
+        let _ = writeln!(conn, "{answer}");
+    }
+}
+
+/// Triggers a restart and waits for its outcome on the board.
+fn restart(board: &StatusBoard, trigger: &(dyn Fn() + Send + Sync)) -> RestartAnswer {
+    let before = board.snapshot();
+    let refuse = |why: String| RestartAnswer {
+        ok: false,
+        state: before.state.clone(),
+        restarts: before.restarts,
+        recovery_ms: before.recovery_ms.last().copied(),
+        error: Some(why),
+    };
+    match before.state.as_str() {
+        "starting" => return refuse("the driver has not mounted yet".into()),
+        "stopping" => return refuse("the run is stopping".into()),
+        "failed" => {
+            return refuse(with_cause(
+                "the driver has failed and is not restarted any more",
+                &before.last_failure,
+            ))
+        }
+        _ => {}
+    }
+    tracing::info!("restart of the driver asked for on the control socket");
+    trigger();
+    let finished = board.wait_until(
+        |s| {
+            (s.restarts > before.restarts && s.state == "serving")
+                || s.state == "failed"
+                || s.state == "stopping"
+        },
+        RESTART_WAIT,
+    );
+    let now = finished.clone().unwrap_or_else(|| board.snapshot());
+    let ok = finished.is_some() && now.restarts > before.restarts && now.state == "serving";
+    let error = match (&finished, now.state.as_str()) {
+        _ if ok => None,
+        (None, state) => Some(format!(
+            "no restart finished within {} s (state: {state})",
+            RESTART_WAIT.as_secs()
+        )),
+        (Some(_), "stopping") => Some("the run is stopping".into()),
+        (Some(_), _) => Some(with_cause("the restart failed", &now.last_failure)),
+    };
+    RestartAnswer {
+        ok,
+        state: now.state,
+        restarts: now.restarts,
+        recovery_ms: now.recovery_ms.last().copied(),
+        error,
+    }
+}
+
+fn with_cause(what: &str, cause: &Option<String>) -> String {
+    match cause {
+        Some(cause) => format!("{what}: {cause}"),
+        None => what.to_string(),
+    }
+}
+
 /// Asks every live run for its status, in mount point order.
 pub fn query_all(dir: &Path) -> Vec<MountStatus> {
-    let mut all: Vec<MountStatus> = std::fs::read_dir(dir)
+    query_sockets(dir).into_iter().map(|(_, s)| s).collect()
+}
+
+/// Every live run's socket and status, in mount point order.
+fn query_sockets(dir: &Path) -> Vec<(PathBuf, MountStatus)> {
+    let mut all: Vec<(PathBuf, MountStatus)> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
         .map(|entry| entry.path())
         .filter(|path| path.extension().is_some_and(|e| e == "sock"))
         .filter_map(|path| match query(&path) {
-            Ok(status) => Some(status),
+            Ok(status) => Some((path, status)),
             Err(QueryError::Gone) => {
                 let _ = std::fs::remove_file(&path);
                 None
@@ -139,8 +311,87 @@ pub fn query_all(dir: &Path) -> Vec<MountStatus> {
             }
         })
         .collect();
-    all.sort_by(|a, b| a.mountpoint.cmp(&b.mountpoint));
+    all.sort_by(|a, b| a.1.mountpoint.cmp(&b.1.mountpoint));
     all
+}
+
+/// The socket and status of the live run that serves `mountpoint`, if any.
+pub fn find_run(dir: &Path, mountpoint: &Path) -> Option<(PathBuf, MountStatus)> {
+    let wanted = mountpoint_forms(mountpoint);
+    query_sockets(dir).into_iter().find(|(_, status)| {
+        mountpoint_forms(Path::new(&status.mountpoint))
+            .iter()
+            .any(|form| wanted.contains(form))
+    })
+}
+
+/// The paths `path` may be recorded as: the absolute path, normalised lexically (all that is
+/// left when the path cannot be resolved), and the path with symbolic links resolved. The
+/// mount point itself is never looked at (only its parent is canonicalised, and a symbolic
+/// link in its place read), since a lookup on a mount whose driver hangs would block.
+fn mountpoint_forms(path: &Path) -> Vec<PathBuf> {
+    let Ok(absolute) = std::path::absolute(path) else {
+        return Vec::new();
+    };
+    let mut forms = vec![normalize(&absolute)];
+    let mut current = absolute;
+    // As many links as the kernel follows (MAXSYMLINKS).
+    for _ in 0..40 {
+        let resolved = match (current.parent(), current.file_name()) {
+            (Some(parent), Some(name)) => match parent.canonicalize() {
+                Ok(parent) => parent.join(name),
+                Err(_) => break,
+            },
+            // `/` or a path ending in `..`: not a mount point of a live FUSE mount we could
+            // block on (the root, or a directory above one).
+            _ => match current.canonicalize() {
+                Ok(resolved) => resolved,
+                Err(_) => break,
+            },
+        };
+        match std::fs::read_link(&resolved) {
+            Ok(target) => current = resolved.parent().unwrap_or(Path::new("/")).join(target),
+            Err(_) => {
+                forms.push(resolved);
+                break;
+            }
+        }
+    }
+    forms
+}
+
+/// Lexical normalisation: no `.` components, `..` removes the component before it, no
+/// trailing slash.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+/// Asks the run listening on `socket` to restart its driver and waits for the outcome.
+/// The error is one line.
+pub fn request_restart(socket: &Path) -> Result<RestartAnswer, String> {
+    let line =
+        ask(socket, "restart", RESTART_WAIT + Duration::from_secs(10)).map_err(|e| match e {
+            QueryError::Gone => "the run is gone".to_string(),
+            QueryError::Other(e) => e,
+        })?;
+    serde_json::from_str(&line).map_err(|e| {
+        if serde_json::from_str::<MountStatus>(&line).is_ok() {
+            "this rebound run is older than `rebound restart` and cannot restart its driver"
+                .to_string()
+        } else {
+            format!("bad answer to restart: {e}")
+        }
+    })
 }
 
 enum QueryError {
@@ -150,23 +401,40 @@ enum QueryError {
 }
 
 fn query(path: &Path) -> Result<MountStatus, QueryError> {
-    let conn = UnixStream::connect(path).map_err(|e| match e.kind() {
+    let line = ask(path, "status", Duration::from_secs(2))?;
+    serde_json::from_str(&line).map_err(|e| QueryError::Other(format!("bad status: {e}")))
+}
+
+/// Sends `command` and reads the one-line answer, waiting at most `wait` for it.
+fn ask(path: &Path, command: &str, wait: Duration) -> Result<String, QueryError> {
+    let mut conn = UnixStream::connect(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound => QueryError::Gone,
         _ => QueryError::Other(e.to_string()),
     })?;
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
+    let _ = conn.set_read_timeout(Some(wait));
+    // A run from before the commands answers without reading and may have closed already;
+    // its answer is still there to read.
+    let _ = writeln!(conn, "{command}");
     let mut line = String::new();
     BufReader::new(conn)
         .read_line(&mut line)
         .map_err(|e| QueryError::Other(e.to_string()))?;
-    serde_json::from_str(&line).map_err(|e| QueryError::Other(format!("bad status: {e}")))
+    Ok(line)
 }
 
 /// The table `rebound status` prints.
 pub fn render_table(all: &[MountStatus]) -> String {
     let mut out = format!(
-        "{:<32} {:>10} {:<9} {:>8} {:>11} {:<24} {}\n",
-        "MOUNTPOINT", "DRIVER-PID", "STATE", "RESTARTS", "LAST-RECOV", "LAST-FAILURE", "DRIVER"
+        "{:<32} {:>10} {:<10} {:>8} {:>8} {:>11} {:<24} {}\n",
+        "MOUNTPOINT",
+        "DRIVER-PID",
+        "STATE",
+        "RESTARTS",
+        "FAILURES",
+        "LAST-RECOV",
+        "LAST-FAILURE",
+        "DRIVER"
     );
     for s in all {
         let pid = s
@@ -177,11 +445,12 @@ pub fn render_table(all: &[MountStatus]) -> String {
             .last()
             .map_or_else(|| "-".to_string(), |ms| format!("{ms:.1} ms"));
         out += &format!(
-            "{:<32} {:>10} {:<9} {:>8} {:>11} {:<24} {}\n",
+            "{:<32} {:>10} {:<10} {:>8} {:>8} {:>11} {:<24} {}\n",
             s.mountpoint,
             pid,
             s.state,
             s.restarts,
+            s.failures,
             recovery,
             s.last_failure.as_deref().unwrap_or("-"),
             s.driver.first().map_or("", String::as_str),
@@ -193,17 +462,46 @@ pub fn render_table(all: &[MountStatus]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
-    #[test]
-    fn a_run_answers_its_status_and_a_gone_run_is_cleaned_up() {
-        let dir = std::env::temp_dir().join(format!("rebound-control-test-{}", std::process::id()));
+    fn test_dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("rebound-control-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn serving_board(mountpoint: &str) -> Arc<StatusBoard> {
         let board = Arc::new(StatusBoard::default());
         board.update(|s| {
-            s.mountpoint = "/mnt/x".into();
+            s.mountpoint = mountpoint.into();
             s.state = "serving".into();
             s.driver_pid = Some(42);
         });
-        let socket = ControlSocket::start(&dir, board.clone()).unwrap();
+        board
+    }
+
+    fn no_restart() -> RestartTrigger {
+        Box::new(|| {})
+    }
+
+    /// Sends `command` (or nothing) and reads the answer line.
+    fn raw(socket: &Path, command: Option<&str>) -> String {
+        let mut conn = UnixStream::connect(socket).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        if let Some(command) = command {
+            writeln!(conn, "{command}").unwrap();
+        }
+        let mut line = String::new();
+        BufReader::new(conn).read_line(&mut line).unwrap();
+        line
+    }
+
+    #[test]
+    fn a_run_answers_its_status_and_a_gone_run_is_cleaned_up() {
+        let dir = test_dir("status");
+        let board = serving_board("/mnt/x");
+        let socket = ControlSocket::start(&dir, board.clone(), no_restart()).unwrap();
         // A stale socket of a run that no longer exists.
         let stale = dir.join("999999999.sock");
         drop(UnixListener::bind(&stale).unwrap());
@@ -218,5 +516,169 @@ mod tests {
         drop(socket);
         assert!(query_all(&dir).is_empty());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_old_client_that_sends_nothing_gets_the_status_and_a_bad_command_an_error() {
+        let dir = test_dir("old-client");
+        let board = serving_board("/mnt/old");
+        let _socket = ControlSocket::start(&dir, board, no_restart()).unwrap();
+        let path = dir.join(format!("{}.sock", std::process::id()));
+
+        let status: MountStatus = serde_json::from_str(&raw(&path, None)).unwrap();
+        assert_eq!(status.mountpoint, "/mnt/old");
+        let answer: serde_json::Value = serde_json::from_str(&raw(&path, Some("reboot"))).unwrap();
+        let error = answer["error"].as_str().unwrap();
+        assert!(
+            error.contains("`reboot`") && error.contains("restart"),
+            "{error}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn restart_waits_for_the_recovery_while_status_still_answers() {
+        let dir = test_dir("restart");
+        let board = serving_board("/mnt/r");
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (finish_tx, finish_rx) = std::sync::mpsc::channel::<()>();
+        let finish_rx = Arc::new(Mutex::new(finish_rx));
+        let recovering = board.clone();
+        // What the supervisor does on a trigger: wake up and recover on its own thread.
+        let trigger: RestartTrigger = Box::new(move || {
+            let (board, started_tx, finish_rx) =
+                (recovering.clone(), started_tx.clone(), finish_rx.clone());
+            std::thread::spawn(move || {
+                board.update(|s| s.state = "recovering".into());
+                started_tx.send(()).unwrap();
+                // Recovering until the test has seen status answer meanwhile.
+                let _ = finish_rx
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(Duration::from_secs(10));
+                board.update(|s| {
+                    s.state = "serving".into();
+                    s.restarts += 1;
+                    s.failures += 1;
+                });
+                board.record_recovery(5.0);
+            });
+        });
+        let _socket = ControlSocket::start(&dir, board.clone(), trigger).unwrap();
+        let path = dir.join(format!("{}.sock", std::process::id()));
+
+        let asker = {
+            let path = path.clone();
+            std::thread::spawn(move || request_restart(&path))
+        };
+        started_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let asked = Instant::now();
+        let all = query_all(&dir);
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "status is not held up"
+        );
+        assert_eq!(all[0].state, "recovering");
+        finish_tx.send(()).unwrap();
+
+        let answer = asker.join().unwrap().unwrap();
+        assert_eq!(
+            answer,
+            RestartAnswer {
+                ok: true,
+                state: "serving".into(),
+                restarts: 1,
+                recovery_ms: Some(5.0),
+                error: None,
+            }
+        );
+        let all = query_all(&dir);
+        assert_eq!((all[0].restarts, all[0].failures), (1, 1));
+        assert!(render_table(&all).contains("5.0 ms"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_failed_or_refused_restart_says_why() {
+        let dir = test_dir("restart-fails");
+        let board = serving_board("/mnt/f");
+        let failing = board.clone();
+        let trigger: RestartTrigger = Box::new(move || {
+            let board = failing.clone();
+            std::thread::spawn(move || {
+                board.update(|s| {
+                    s.state = "failed".into();
+                    s.last_failure = Some("driver killed by SIGSEGV".into());
+                })
+            });
+        });
+        let _socket = ControlSocket::start(&dir, board.clone(), trigger).unwrap();
+        let path = dir.join(format!("{}.sock", std::process::id()));
+
+        let answer = request_restart(&path).unwrap();
+        assert!(!answer.ok);
+        assert_eq!(answer.state, "failed");
+        assert_eq!(
+            answer.error.as_deref(),
+            Some("the restart failed: driver killed by SIGSEGV")
+        );
+        board.update(|s| s.state = "starting".into());
+        let answer = request_restart(&path).unwrap();
+        assert_eq!(
+            answer.error.as_deref(),
+            Some("the driver has not mounted yet")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_board_keeps_the_last_recoveries_and_wakes_waiters() {
+        let board = Arc::new(StatusBoard::default());
+        for i in 0..150 {
+            board.record_recovery(f64::from(i));
+        }
+        let recoveries = board.snapshot().recovery_ms;
+        assert_eq!(recoveries.len(), 100);
+        assert_eq!((recoveries[0], recoveries[99]), (50.0, 149.0));
+
+        assert!(board
+            .wait_until(|s| s.restarts > 0, Duration::from_millis(20))
+            .is_none());
+        let updater = board.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            updater.update(|s| s.restarts = 1);
+        });
+        let seen = board.wait_until(|s| s.restarts > 0, Duration::from_secs(5));
+        assert_eq!(seen.map(|s| s.restarts), Some(1));
+    }
+
+    #[test]
+    fn a_run_is_found_by_its_mount_point_however_it_is_spelt() {
+        let dir = test_dir("find");
+        let mnt = dir.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        std::os::unix::fs::symlink("mnt", dir.join("link")).unwrap();
+        let board = serving_board(&mnt.display().to_string());
+        let _socket = ControlSocket::start(&dir, board, no_restart()).unwrap();
+
+        for spelling in [
+            mnt.clone(),
+            dir.join("mnt/"),
+            dir.join("./mnt/../mnt"),
+            dir.join("link"),
+        ] {
+            let found = find_run(&dir, &spelling);
+            assert!(found.is_some(), "{}", spelling.display());
+        }
+        assert!(find_run(&dir, &dir.join("elsewhere")).is_none());
+        // A mount point that cannot be resolved any more is still found by its name.
+        let gone = test_dir("find-gone").join("mnt");
+        let board = serving_board(&gone.display().to_string());
+        let other_dir = test_dir("find-other");
+        let _other = ControlSocket::start(&other_dir, board, no_restart()).unwrap();
+        assert!(find_run(&other_dir, &gone).is_some());
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&other_dir);
     }
 }

@@ -1,5 +1,6 @@
 //! `rebound`: the command line. Parses arguments, sets up logging, hands over to the
-//! supervisor; nothing else lives here.
+//! supervisor (`run`) or the control socket's client (`status`, `restart`); nothing else lives
+//! here.
 
 mod config;
 mod control;
@@ -49,6 +50,11 @@ enum Verb {
         #[arg(long)]
         json: bool,
     },
+    /// Restart the driver of a mount now, as after a crash: `rebound restart /mnt/disk`.
+    Restart {
+        /// The mount point, as served by a `rebound run`.
+        mountpoint: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -81,6 +87,39 @@ fn main() -> ExitCode {
                 print!("{}", control::render_table(&all));
             }
             ExitCode::SUCCESS
+        }
+        Verb::Restart { mountpoint } => {
+            let Some((socket, status)) = control::find_run(&control::run_dir(), &mountpoint) else {
+                eprintln!("rebound: no rebound run serves {}", mountpoint.display());
+                return ExitCode::from(1);
+            };
+            match control::request_restart(&socket) {
+                Ok(answer) if answer.ok => {
+                    match answer.recovery_ms {
+                        Some(ms) => println!(
+                            "restarted the driver of {} in {ms:.1} ms",
+                            status.mountpoint
+                        ),
+                        None => println!("restarted the driver of {}", status.mountpoint),
+                    }
+                    ExitCode::SUCCESS
+                }
+                Ok(answer) => {
+                    eprintln!(
+                        "rebound: restarting the driver of {}: {}",
+                        status.mountpoint,
+                        answer.error.as_deref().unwrap_or("failed")
+                    );
+                    ExitCode::from(1)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "rebound: restarting the driver of {}: {e}",
+                        status.mountpoint
+                    );
+                    ExitCode::from(1)
+                }
+            }
         }
         Verb::Run { config, driver } => {
             let config = match config.as_deref().map(Config::load).transpose() {

@@ -85,7 +85,8 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         s.driver_pid = Some(initial_pid);
         s.rebound_pid = std::process::id();
     });
-    let _control = ControlSocket::start(&control::run_dir(), board.clone())
+    // No-op until recovery wires it to the poll loop (`rebound restart` times out meanwhile).
+    let _control = ControlSocket::start(&control::run_dir(), board.clone(), Box::new(|| {}))
         .inspect_err(|e| tracing::warn!("no status socket: {e:#}"))
         .ok();
 
