@@ -7,6 +7,7 @@
 //! driver will answer it with an error the tracker ignores.
 
 use crate::abi::{size, Opcode, OpenOut};
+use crate::ids::{direntplus_links, read_u32, read_u64};
 use crate::request::Request;
 use zerocopy::FromBytes;
 
@@ -173,36 +174,16 @@ pub fn forget_entries(entries: &[u8]) -> impl Iterator<Item = (u64, u64)> + '_ {
 }
 
 /// The entries of a READDIRPLUS reply that give the kernel a lookup: `(node, name)`, without
-/// `.`, `..` and negative (node 0) entries, as the kernel's `fuse_direntplus_link` counts them.
+/// `.`, `..` and negative (node 0) entries, as the kernel's `fuse_direntplus_link` counts them,
+/// and, as its `parse_dirplus` does, stopping at a record cut short, unpadded or badly named.
 pub fn direntplus_entries(reply_body: &[u8]) -> impl Iterator<Item = (u64, &[u8])> + '_ {
-    // fuse_direntplus: fuse_entry_out, then fuse_dirent { ino, off, namelen, type, name },
-    // padded to 8 bytes.
-    let mut rest = reply_body;
-    std::iter::from_fn(move || loop {
-        let node = read_u64(rest, 0)?;
-        let namelen = read_u32(rest, size::ENTRY_OUT + 16)? as usize;
-        let name_at = size::ENTRY_OUT + 24;
-        let name = rest.get(name_at..name_at.checked_add(namelen)?)?;
-        let record = (name_at + namelen).checked_add(7)? & !7;
-        rest = rest.get(record..).unwrap_or_default();
-        if node != 0 && name != b"." && name != b".." {
-            return Some((node, name));
-        }
-    })
+    direntplus_links(reply_body).map(|(_, node, name)| (node, name))
 }
 
 /// The first NUL-terminated name in `bytes`, without its NUL; `None` if unterminated or empty.
 fn first_name(bytes: &[u8]) -> Option<&[u8]> {
     let end = bytes.iter().position(|&b| b == 0)?;
     (end > 0).then(|| &bytes[..end])
-}
-
-fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_ne_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
-}
-
-fn read_u64(bytes: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_ne_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
 }
 
 #[cfg(test)]
@@ -287,13 +268,14 @@ mod tests {
     }
 
     #[test]
-    fn direntplus_skips_dots_and_negative_entries() {
+    fn direntplus_skips_dots_negative_entries_and_what_the_kernel_does_not_read() {
         let mut body = Vec::new();
         for (node, name) in [
             (1u64, &b"."[..]),
             (5, b"x"),
             (0, b"neg"),
             (6, b"longer-name"),
+            (7, b"tail"),
         ] {
             let entry = EntryOut {
                 nodeid: node,
@@ -305,8 +287,11 @@ mod tests {
             body.extend_from_slice(&(name.len() as u32).to_ne_bytes());
             body.extend_from_slice(&0u32.to_ne_bytes()); // type
             body.extend_from_slice(name);
-            body.resize((body.len() + 7) & !7, 0);
+            if node != 7 {
+                body.resize((body.len() + 7) & !7, 0);
+            }
         }
+        // The kernel stops at a record without its padding: node 7 gains no lookup.
         let found: Vec<_> = direntplus_entries(&body).collect();
         assert_eq!(found, vec![(5, &b"x"[..]), (6, &b"longer-name"[..])]);
     }

@@ -1,18 +1,21 @@
 //! The FUSE wire protocol as rebound sees it, standing between kernel and driver.
 //!
 //! Owns: the ABI ([`abi`]), parsing requests from the kernel ([`request`]), checking
-//! messages from the driver before they are forwarded ([`reply`]), and decoding what a
-//! request changes in the objects the kernel holds ([`change`]).
+//! messages from the driver before they are forwarded ([`reply`]), decoding what a request
+//! changes in the objects the kernel holds ([`change`]), and locating in any message the node
+//! ids and file handles that a driver restart renumbers ([`ids`]).
 //! Must not: use `unsafe`, panic on any input, or do I/O. Everything here is pure functions on
 //! byte slices, so it can be unit-tested and fuzzed without a mount.
 
 pub mod abi;
 pub mod change;
+pub mod ids;
 pub mod reply;
 pub mod request;
 
 pub use abi::{InHeader, NotifyCode, Opcode, OutHeader};
 pub use change::Change;
+pub use ids::{IdField, IdFields};
 pub use reply::{error_reply, fix_init_reply, DriverMessage, InitReply};
 pub use request::{mask_init_request, ReplyShape, Request};
 

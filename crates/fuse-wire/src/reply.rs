@@ -188,7 +188,8 @@ pub fn fix_init_reply(buf: &mut [u8], max_write_limit: u32) -> Result<InitReply,
     Ok(agreed)
 }
 
-fn entry_size(minor: u32) -> usize {
+/// Size of `fuse_entry_out` at protocol minor `minor`.
+pub(crate) fn entry_size(minor: u32) -> usize {
     if minor < 9 {
         size::ENTRY_OUT_COMPAT
     } else {

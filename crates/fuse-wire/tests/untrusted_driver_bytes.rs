@@ -1,8 +1,10 @@
-//! Property tests: no bytes a driver can send make rebound's parser panic, and nothing that
-//! passes validation contradicts its own header. Runs in the default test suite.
+//! Property tests: no bytes a driver can send make rebound's parser panic, nothing that
+//! passes validation contradicts its own header, and every id field found lies inside its
+//! message. Runs in the default test suite.
 
-use fuse_wire::abi::{size, OutHeader};
-use fuse_wire::{fix_init_reply, DriverMessage, ReplyShape, Request};
+use fuse_wire::abi::{size, EntryOut, OutHeader};
+use fuse_wire::ids::{self, IdField, NODE_IN_REQUEST};
+use fuse_wire::{fix_init_reply, DriverMessage, NotifyCode, Opcode, ReplyShape, Request};
 use proptest::prelude::*;
 use zerocopy::IntoBytes;
 
@@ -65,6 +67,72 @@ fn exercise(bytes: &[u8], shape: ReplyShape, minor: u32) {
     }
     let _ = fuse_wire::change::direntplus_entries(bytes).count();
     let _ = fuse_wire::change::open_handle(bytes, true);
+    exercise_ids(bytes, minor);
+}
+
+/// An id field holds a whole 8 bytes inside `msg`, and a node field is never node 0.
+fn check_field(msg: &[u8], field: IdField) {
+    let inside = |at: usize| at.checked_add(8).is_some_and(|end| end <= msg.len());
+    assert!(inside(field.at()), "{field:?} in {} bytes", msg.len());
+    match field {
+        IdField::Node { at } => assert_ne!(ids::read_u64(msg, at), Some(0), "{field:?}"),
+        IdField::Handle { node_at, .. } => {
+            assert!(node_at == NODE_IN_REQUEST || inside(node_at), "{field:?}")
+        }
+    }
+}
+
+/// Looks for ids in `bytes` as every kind of message rebound translates.
+fn exercise_ids(bytes: &[u8], minor: u32) {
+    if let Ok(request) = Request::parse(bytes) {
+        for field in request.id_fields() {
+            check_field(bytes, field);
+        }
+    }
+    for entry in ids::batch_forget_entries(bytes) {
+        assert_eq!(ids::read_u64(bytes, entry.at), Some(entry.node));
+        assert_eq!(ids::read_u64(bytes, entry.at + 8), Some(entry.nlookup));
+    }
+    for opcode in (0..64).filter_map(Opcode::from_raw) {
+        ids::for_each_reply_id(opcode, minor, bytes, |field| check_field(bytes, field));
+    }
+    for code in (0..16).filter_map(NotifyCode::from_raw) {
+        ids::for_each_notification_id(code, bytes, |field| check_field(bytes, field));
+    }
+}
+
+/// A READDIRPLUS body of plausible records (names from a few telling bytes, some records left
+/// unpadded), cut at an arbitrary point: random bytes almost never frame a record.
+fn direntplus_body() -> impl Strategy<Value = Vec<u8>> {
+    let byte = prop_oneof![8 => Just(b'a'), 1 => Just(b'.'), 1 => Just(b'/')];
+    let name = proptest::collection::vec(byte, 0..12);
+    let node = prop_oneof![Just(0u64), 1u64..4, any::<u64>()];
+    let record = (node, name, proptest::bool::weighted(0.8));
+    let records = proptest::collection::vec(record, 0..6);
+    (records, proptest::option::of(any::<usize>())).prop_map(|(records, cut)| {
+        let mut body = Vec::new();
+        for (nodeid, name, pad) in records {
+            body.extend_from_slice(
+                EntryOut {
+                    nodeid,
+                    ..Default::default()
+                }
+                .as_bytes(),
+            );
+            body.extend_from_slice(&nodeid.to_ne_bytes()); // ino
+            body.extend_from_slice(&0u64.to_ne_bytes()); // off
+            body.extend_from_slice(&(name.len() as u32).to_ne_bytes());
+            body.extend_from_slice(&0u32.to_ne_bytes()); // type
+            body.extend_from_slice(&name);
+            if pad {
+                body.resize(body.len().div_ceil(8) * 8, 0);
+            }
+        }
+        if let Some(cut) = cut {
+            body.truncate(cut % (body.len() + 1));
+        }
+        body
+    })
 }
 
 proptest! {
@@ -88,6 +156,23 @@ proptest! {
         let mut msg = header.as_bytes().to_vec();
         msg.extend_from_slice(&body);
         exercise(&msg, ReplyShape::Any, 31);
+    }
+
+    #[test]
+    fn successful_replies_have_ids_only_inside(body in proptest::collection::vec(any::<u8>(), 0..400),
+                                               minor in 0u32..50) {
+        exercise_ids(&reply(0, &body), minor);
+    }
+
+    #[test]
+    fn readdirplus_ids_lie_inside_whole_records(body in direntplus_body()) {
+        let msg = reply(0, &body);
+        let mut found = 0;
+        ids::for_each_reply_id(Opcode::Readdirplus, 31, &msg, |field| {
+            check_field(&msg, field);
+            found += 1;
+        });
+        assert_eq!(found, fuse_wire::change::direntplus_entries(&body).count());
     }
 
     #[test]
