@@ -173,11 +173,12 @@ pub fn forget_entries(entries: &[u8]) -> impl Iterator<Item = (u64, u64)> + '_ {
         .filter_map(|e| Some((read_u64(e, 0)?, read_u64(e, 8)?)))
 }
 
-/// The entries of a READDIRPLUS reply that give the kernel a lookup: `(node, name)`, without
-/// `.`, `..` and negative (node 0) entries, as the kernel's `fuse_direntplus_link` counts them,
-/// and, as its `parse_dirplus` does, stopping at a record cut short, unpadded or badly named.
-pub fn direntplus_entries(reply_body: &[u8]) -> impl Iterator<Item = (u64, &[u8])> + '_ {
-    direntplus_links(reply_body).map(|(_, node, name)| (node, name))
+/// The entries of a READDIRPLUS reply that give the kernel a lookup: `(at, node, name)`, where
+/// `at` is the offset of the entry (and of its node id) in `reply_body`, without `.`, `..` and
+/// negative (node 0) entries, as the kernel's `fuse_direntplus_link` counts them, and, as its
+/// `parse_dirplus` does, stopping at a record cut short, unpadded or badly named.
+pub fn direntplus_entries(reply_body: &[u8]) -> impl Iterator<Item = (usize, u64, &[u8])> + '_ {
+    direntplus_links(reply_body)
 }
 
 /// The first NUL-terminated name in `bytes`, without its NUL; `None` if unterminated or empty.
@@ -293,6 +294,9 @@ mod tests {
         }
         // The kernel stops at a record without its padding: node 7 gains no lookup.
         let found: Vec<_> = direntplus_entries(&body).collect();
-        assert_eq!(found, vec![(5, &b"x"[..]), (6, &b"longer-name"[..])]);
+        assert_eq!(
+            found,
+            vec![(160, 5, &b"x"[..]), (480, 6, &b"longer-name"[..])]
+        );
     }
 }

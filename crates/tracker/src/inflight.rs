@@ -1,20 +1,67 @@
-//! Requests forwarded to the driver and not yet answered.
+//! Requests the kernel is waiting on: sent to the driver and not yet answered, or parked while
+//! a new driver is being brought up.
 //!
 //! A reply is accepted only for a request in this table, checked against the shape that
-//! request calls for, and removes it. After a restart, recovery will need it to know which
-//! requests the kernel is still waiting on.
+//! request calls for, and removes it. Each entry keeps the request's bytes, so that after a
+//! restart it can be sent again to the new driver (shadow replay), and when it was sent, so
+//! that a driver that stops answering is noticed.
 //!
 //! Memory: one entry per request in flight; the kernel bounds those (`max_background` plus
 //! synchronous callers), so the table stays small whatever the traffic.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use fuse_wire::ReplyShape;
 
 use crate::objects::PendingChange;
 
-/// One request the driver has not answered yet.
+/// The bytes of a request as the kernel sent it, shared with the thread that sends it (so a
+/// large WRITE is never copied).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestBytes {
+    /// A buffer of which the first `len` bytes are the request. Ids in it are the driver's
+    /// once sent; `patches` holds the kernel's.
+    pub buf: Arc<Vec<u8>>,
+    pub len: usize,
+    pub patches: Patches,
+}
+
+impl RequestBytes {
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// Id fields rewritten for the driver, with the kernel's values, so a request can be
+/// translated again for another driver. A request has at most four id fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Patches {
+    fields: [(usize, u64); 4],
+    len: usize,
+}
+
+impl Patches {
+    /// Records that the u64 at `at` held `kernel` before it was rewritten.
+    pub fn push(&mut self, at: usize, kernel: u64) {
+        if self.len < self.fields.len() {
+            self.fields[self.len] = (at, kernel);
+            self.len += 1;
+        }
+    }
+
+    /// Puts the kernel's ids back into `msg`.
+    pub fn undo(&self, msg: &mut [u8]) {
+        for &(at, kernel) in &self.fields[..self.len] {
+            if let Some(field) = msg.get_mut(at..at + 8) {
+                field.copy_from_slice(&kernel.to_ne_bytes());
+            }
+        }
+    }
+}
+
+/// One request the kernel waits on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Inflight {
     /// Raw opcode, for logs (unknown opcodes are forwarded too).
@@ -25,6 +72,9 @@ pub struct Inflight {
     pub change: PendingChange,
     /// Which of rebound's kernel queues read the request (its reply must go back there).
     pub queue: u8,
+    pub request: RequestBytes,
+    /// The driver generation it was sent to and when; `None` while parked.
+    pub sent: Option<(u64, Instant)>,
 }
 
 /// The requests in flight, keyed by the kernel's `unique`.
@@ -38,8 +88,8 @@ impl InflightTable {
         Self::default()
     }
 
-    /// Records a request about to be sent to the driver. A `unique` the kernel reuses while
-    /// still in flight would be a kernel bug; the newer request wins.
+    /// Records a request about to be sent to the driver (or parked). A `unique` the kernel
+    /// reuses while still in flight would be a kernel bug; the newer request wins.
     pub fn insert(&self, unique: u64, request: Inflight) {
         self.lock().insert(unique, request);
     }
@@ -54,6 +104,37 @@ impl InflightTable {
         self.lock().get(&unique).map(|r| r.queue)
     }
 
+    /// When the longest-waiting request sent to the driver was sent.
+    pub fn oldest_sent(&self) -> Option<Instant> {
+        self.lock()
+            .values()
+            .filter_map(|r| r.sent.map(|(_, at)| at))
+            .min()
+    }
+
+    /// Removes every request not yet sent to driver `generation`, in the kernel's order.
+    pub fn take_not_sent_to(&self, generation: u64) -> Vec<(u64, Inflight)> {
+        let mut taken: Vec<(u64, Inflight)> = {
+            let mut map = self.lock();
+            let uniques: Vec<u64> = map
+                .iter()
+                .filter(|(_, r)| r.sent.is_none_or(|(g, _)| g != generation))
+                .map(|(&u, _)| u)
+                .collect();
+            uniques
+                .into_iter()
+                .filter_map(|u| map.remove(&u).map(|r| (u, r)))
+                .collect()
+        };
+        taken.sort_unstable_by_key(|(u, _)| *u);
+        taken
+    }
+
+    /// Removes every request.
+    pub fn take_all(&self) -> Vec<(u64, Inflight)> {
+        self.lock().drain().collect()
+    }
+
     pub fn len(&self) -> usize {
         self.lock().len()
     }
@@ -64,7 +145,7 @@ impl InflightTable {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Inflight>> {
         // A panic while holding the lock cannot leave the map half-updated (each operation is
-        // a single HashMap call), so a poisoned lock is still usable.
+        // a single HashMap call or a loop of removals), so a poisoned lock is still usable.
         self.requests.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -73,24 +154,60 @@ impl InflightTable {
 mod tests {
     use super::*;
 
-    const GETATTR: Inflight = Inflight {
-        opcode: 3,
-        shape: ReplyShape::Attr,
-        change: PendingChange::None,
-        queue: 0,
-    };
+    fn getattr(sent: Option<u64>) -> Inflight {
+        Inflight {
+            opcode: 3,
+            shape: ReplyShape::Attr,
+            change: PendingChange::None,
+            queue: 0,
+            request: RequestBytes {
+                buf: Arc::new(vec![0; 56]),
+                len: 56,
+                patches: Patches::default(),
+            },
+            sent: sent.map(|g| (g, Instant::now())),
+        }
+    }
 
     #[test]
     fn a_reply_consumes_its_request_once() {
         let table = InflightTable::new();
-        table.insert(10, GETATTR);
+        let request = getattr(Some(0));
+        table.insert(10, request.clone());
         assert_eq!(table.len(), 1);
-        assert_eq!(table.take(10), Some(GETATTR));
+        assert_eq!(table.take(10), Some(request));
         assert_eq!(
             table.take(10),
             None,
             "a second reply to the same request is refused"
         );
         assert!(table.is_empty());
+    }
+
+    #[test]
+    fn requests_not_sent_to_a_generation_are_taken_in_order() {
+        let table = InflightTable::new();
+        table.insert(8, getattr(Some(1)));
+        table.insert(4, getattr(None));
+        table.insert(6, getattr(Some(2)));
+        table.insert(2, getattr(Some(1)));
+        let taken: Vec<u64> = table
+            .take_not_sent_to(2)
+            .into_iter()
+            .map(|(u, _)| u)
+            .collect();
+        assert_eq!(taken, vec![2, 4, 8]);
+        assert_eq!(table.len(), 1);
+        assert!(table.oldest_sent().is_some());
+    }
+
+    #[test]
+    fn patches_restore_the_kernels_ids() {
+        let mut msg = 5u64.to_ne_bytes().repeat(2);
+        let mut patches = Patches::default();
+        patches.push(8, 5);
+        msg[8..].copy_from_slice(&77u64.to_ne_bytes());
+        patches.undo(&mut msg);
+        assert_eq!(msg, 5u64.to_ne_bytes().repeat(2));
     }
 }

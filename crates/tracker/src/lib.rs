@@ -7,5 +7,7 @@
 pub mod inflight;
 pub mod objects;
 
-pub use inflight::{Inflight, InflightTable};
-pub use objects::{Handle, Node, ObjectTable, PendingChange};
+pub use inflight::{Inflight, InflightTable, Patches, RequestBytes};
+pub use objects::{
+    DriverForget, Handle, LostObject, Node, ObjectTable, PendingChange, RestorePlan, ToDriver,
+};

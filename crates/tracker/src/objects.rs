@@ -1,19 +1,28 @@
 //! The objects the kernel holds through the driver: node ids with their lookup counts and the
-//! name that leads to each, and open file and directory handles with their flags.
+//! name that leads to each, and open file and directory handles with their flags; and, for
+//! each, the id the current driver knows it by.
 //!
 //! This is what a restarted driver must be brought back to (shadow-driver replay): every live
 //! node re-resolved by its path, every handle reopened. Changes are committed only for requests
 //! the driver answered successfully with a valid reply (VINO's transactions); FORGET and
 //! RELEASE take effect when the kernel sends them, since the kernel has let go either way.
 //!
+//! Ids: the table is keyed by the ids the kernel holds, which never change. A driver's ids are
+//! its own: the first driver's are the kernel's (until they collide), a restarted driver's
+//! are whatever its lookups and opens return. Every request is translated kernel to driver
+//! and every reply driver to kernel through this table.
+//!
 //! Memory: one entry per node the kernel remembers and per open handle, each with one name;
 //! it follows what the kernel holds, not the traffic.
 
 use std::collections::HashMap;
 
-use fuse_wire::abi::ROOT_ID;
-use fuse_wire::change::{direntplus_entries, entry_node, forget_entries, open_handle};
+use fuse_wire::abi::{size, ROOT_ID};
+use fuse_wire::change::{direntplus_entries, entry_node, open_handle};
+use fuse_wire::ids::{read_u64, IdField};
 use fuse_wire::Change;
+
+use crate::inflight::Patches;
 
 /// A node the kernel knows, and the name it was last reached by.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,13 +32,42 @@ pub struct Node {
     /// `None` once the name was removed (unlinked while the kernel still holds the node):
     /// such a node cannot be found again by path.
     pub name: Option<(u64, Box<[u8]>)>,
+    /// The current driver's id for the node; `None` if a restart could not find it again.
+    pub driver: Option<u64>,
+    /// Lookups the current driver has handed out for the node, which it must be FORGET-ed.
+    pub driver_lookups: u64,
 }
 
-/// An open handle: the node it is on and the flags it was opened with.
+/// An open handle: the node it is on, the flags it was opened with, and the driver's handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Handle {
     pub node: u64,
     pub flags: u32,
+    /// `None` if a restart could not reopen it.
+    pub driver: Option<u64>,
+}
+
+/// How an id the kernel sent maps to the current driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToDriver {
+    Mapped(u64),
+    /// The object did not survive a restart; requests on it fail with `EIO`.
+    Lost,
+    /// Not tracked (an id the kernel got some other way); passed on unchanged.
+    Unknown,
+}
+
+/// A request names a node or handle that did not survive a restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LostObject;
+
+/// What a FORGET of the kernel becomes for the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverForget {
+    /// Send FORGET(`node`, `count`) in the driver's ids.
+    Send { node: u64, count: u64 },
+    /// The driver keeps (or never had) its lookups: send nothing.
+    Nothing,
 }
 
 /// A change waiting for the driver's reply, owned so it can wait in the inflight table.
@@ -67,40 +105,16 @@ pub enum PendingChange {
     },
 }
 
-/// Nodes and handles, with an index from `(parent, name)` to node.
-#[derive(Debug, Default)]
-pub struct ObjectTable {
-    nodes: HashMap<u64, Node>,
-    names: HashMap<(u64, Box<[u8]>), u64>,
-    /// Keyed by `(fh, is_dir)`: drivers may reuse an fh value (some answer 0 to every open),
-    /// so each key holds every handle the kernel has open under it.
-    handles: HashMap<(u64, bool), Vec<Handle>>,
-}
-
-impl ObjectTable {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Applies what takes effect when the kernel sends the request (FORGET, BATCH_FORGET,
-    /// RELEASE, RELEASEDIR) and returns what must wait for the reply.
-    pub fn on_request(&mut self, change: Change<'_>) -> PendingChange {
+impl PendingChange {
+    /// What a request will change if the driver answers it with success. FORGET and RELEASE
+    /// are not here: they take effect at once, through [`ObjectTable::forget`] and
+    /// [`ObjectTable::release`].
+    pub fn of(change: Change<'_>) -> PendingChange {
         match change {
-            Change::None => PendingChange::None,
-            Change::Forget { node, count } => {
-                self.forget(node, count);
-                PendingChange::None
-            }
-            Change::BatchForget { entries } => {
-                for (node, count) in forget_entries(entries) {
-                    self.forget(node, count);
-                }
-                PendingChange::None
-            }
-            Change::Release { node, fh, dir } => {
-                self.release(fh, dir, node);
-                PendingChange::None
-            }
+            Change::None
+            | Change::Forget { .. }
+            | Change::BatchForget { .. }
+            | Change::Release { .. } => PendingChange::None,
             Change::Entry { parent, name } => PendingChange::Entry {
                 parent,
                 name: name.into(),
@@ -135,15 +149,62 @@ impl ObjectTable {
             Change::ReaddirPlus { dir } => PendingChange::ReaddirPlus { dir },
         }
     }
+}
 
-    /// Commits a change whose request the driver answered with success; `reply` is the
-    /// validated reply body.
-    pub fn on_success(&mut self, change: PendingChange, reply: &[u8]) {
+/// What a restarted driver must be brought back to: nodes parents first, then handles.
+#[derive(Debug, Default)]
+pub struct RestorePlan {
+    /// `(node, parent, name)`, every parent before its children.
+    pub nodes: Vec<(u64, u64, Box<[u8]>)>,
+    /// `(fh, dir, node, flags)`.
+    pub handles: Vec<(u64, bool, u64, u32)>,
+    /// Objects that cannot be restored at all (nodes without a path, their handles).
+    pub lost: usize,
+}
+
+/// Kernel ids handed out for driver ids that collide with ones the kernel holds start here,
+/// far above what drivers use (counters from 1, inode numbers, or heap addresses, whose top
+/// bits are clear in user space).
+const FRESH_IDS: u64 = 0xfeed_0000_0000_0000;
+
+/// Nodes and handles, with an index from `(parent, name)` to node.
+#[derive(Debug)]
+pub struct ObjectTable {
+    nodes: HashMap<u64, Node>,
+    names: HashMap<(u64, Box<[u8]>), u64>,
+    /// Driver node id to the kernel's (the reverse of `Node::driver`).
+    by_driver: HashMap<u64, u64>,
+    /// Keyed by the kernel's `(fh, is_dir)`.
+    handles: HashMap<(u64, bool), Handle>,
+    next_fresh: u64,
+}
+
+impl Default for ObjectTable {
+    fn default() -> Self {
+        ObjectTable {
+            nodes: HashMap::new(),
+            names: HashMap::new(),
+            by_driver: HashMap::new(),
+            handles: HashMap::new(),
+            next_fresh: FRESH_IDS,
+        }
+    }
+}
+
+impl ObjectTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Commits a change whose request the driver answered with success. `reply` is the
+    /// validated reply body in the driver's ids; the ids in it are rewritten to the kernel's.
+    pub fn on_success(&mut self, change: PendingChange, reply: &mut [u8]) {
         match change {
             PendingChange::None => {}
             PendingChange::Entry { parent, name } => {
-                if let Some(node) = entry_node(reply) {
-                    self.lookup(node, parent, name);
+                if let Some(driver) = entry_node(reply).filter(|&d| d != 0) {
+                    let node = self.looked_up(driver, parent, name);
+                    write_u64(reply, 0, node);
                 }
             }
             PendingChange::Create {
@@ -151,14 +212,19 @@ impl ObjectTable {
                 name,
                 flags,
             } => {
-                if let (Some(node), Some(fh)) = (entry_node(reply), open_handle(reply, true)) {
-                    self.lookup(node, parent, name);
-                    self.open(fh, false, Handle { node, flags });
+                if let (Some(driver), Some(driver_fh)) =
+                    (entry_node(reply), open_handle(reply, true))
+                {
+                    let node = self.looked_up(driver, parent, name);
+                    let fh = self.opened(driver_fh, false, node, flags);
+                    write_u64(reply, 0, node);
+                    write_u64(reply, reply.len() - size::OPEN_OUT, fh);
                 }
             }
             PendingChange::Open { node, flags, dir } => {
-                if let Some(fh) = open_handle(reply, false) {
-                    self.open(fh, dir, Handle { node, flags });
+                if let Some(driver_fh) = open_handle(reply, false) {
+                    let fh = self.opened(driver_fh, dir, node, flags);
+                    write_u64(reply, 0, fh);
                 }
             }
             PendingChange::Remove { parent, name } => self.unlink(parent, &name),
@@ -170,11 +236,131 @@ impl ObjectTable {
                 exchange,
             } => self.rename(parent, name, new_parent, new_name, exchange),
             PendingChange::ReaddirPlus { dir } => {
-                for (node, name) in direntplus_entries(reply) {
-                    self.lookup(node, dir, name.into());
+                let entries: Vec<(usize, u64, Box<[u8]>)> = direntplus_entries(reply)
+                    .map(|(at, driver, name)| (at, driver, name.into()))
+                    .collect();
+                for (at, driver, name) in entries {
+                    let node = self.looked_up(driver, dir, name);
+                    write_u64(reply, at, node);
                 }
             }
         }
+    }
+
+    /// The kernel drops `count` lookups of `node`. Returns what the driver must be told: the
+    /// same FORGET while the two agree; after a restart, the driver handed out fewer lookups
+    /// and keeps one until the kernel lets go of the node.
+    pub fn forget(&mut self, node: u64, count: u64) -> DriverForget {
+        let Some(entry) = self.nodes.get_mut(&node) else {
+            return DriverForget::Send { node, count };
+        };
+        entry.lookups = entry.lookups.saturating_sub(count);
+        let Some(driver) = entry.driver else {
+            if entry.lookups == 0 {
+                self.remove_node(node);
+            }
+            return DriverForget::Nothing;
+        };
+        let forward = if entry.lookups == 0 {
+            entry.driver_lookups
+        } else {
+            count.min(entry.driver_lookups.saturating_sub(1))
+        };
+        entry.driver_lookups -= forward;
+        if entry.lookups == 0 {
+            self.remove_node(node);
+        }
+        if forward == 0 {
+            DriverForget::Nothing
+        } else {
+            DriverForget::Send {
+                node: driver,
+                count: forward,
+            }
+        }
+    }
+
+    /// The kernel closes handle `fh`. Returns the driver's handle to release.
+    pub fn release(&mut self, fh: u64, dir: bool) -> ToDriver {
+        match self.handles.remove(&(fh, dir)) {
+            Some(Handle {
+                driver: Some(driver),
+                ..
+            }) => ToDriver::Mapped(driver),
+            Some(_) => ToDriver::Lost,
+            None => ToDriver::Unknown,
+        }
+    }
+
+    /// The current driver's id for the kernel's node `node`.
+    pub fn node_to_driver(&self, node: u64) -> ToDriver {
+        if node == ROOT_ID {
+            return ToDriver::Mapped(ROOT_ID);
+        }
+        match self.nodes.get(&node) {
+            Some(Node {
+                driver: Some(d), ..
+            }) => ToDriver::Mapped(*d),
+            Some(_) => ToDriver::Lost,
+            None => ToDriver::Unknown,
+        }
+    }
+
+    /// The current driver's handle for the kernel's `fh`.
+    pub fn handle_to_driver(&self, fh: u64, dir: bool) -> ToDriver {
+        match self.handles.get(&(fh, dir)) {
+            Some(Handle {
+                driver: Some(d), ..
+            }) => ToDriver::Mapped(*d),
+            Some(_) => ToDriver::Lost,
+            None => ToDriver::Unknown,
+        }
+    }
+
+    /// Rewrites the id `fields` of a request in `msg` from the kernel's ids to the current
+    /// driver's, and returns the kernel's values so the request can be sent again to another
+    /// driver. Fails if the request names an object a restart could not restore.
+    pub fn to_driver(
+        &self,
+        msg: &mut [u8],
+        fields: impl IntoIterator<Item = IdField>,
+    ) -> Result<Patches, LostObject> {
+        let mut patches = Patches::default();
+        for field in fields {
+            let at = field.at();
+            let Some(kernel) = read_u64(msg, at) else {
+                continue;
+            };
+            let mapped = match field {
+                IdField::Node { .. } => self.node_to_driver(kernel),
+                IdField::Handle { dir, .. } => self.handle_to_driver(kernel, dir),
+            };
+            match mapped {
+                ToDriver::Mapped(driver) => {
+                    if driver != kernel {
+                        write_u64(msg, at, driver);
+                        patches.push(at, kernel);
+                    }
+                }
+                ToDriver::Lost => return Err(LostObject),
+                ToDriver::Unknown => {}
+            }
+        }
+        Ok(patches)
+    }
+
+    /// The kernel's id for a node the driver names (in a notification); `None` if the kernel
+    /// does not hold it.
+    pub fn node_from_driver(&self, driver: u64) -> Option<u64> {
+        if driver == ROOT_ID {
+            return Some(ROOT_ID);
+        }
+        self.by_driver.get(&driver).copied()
+    }
+
+    /// The node the kernel knows as `parent/name`.
+    pub fn node_named(&self, parent: u64, name: &[u8]) -> Option<u64> {
+        self.names.get(&(parent, Box::from(name))).copied()
     }
 
     /// The node ids the kernel holds (root excluded).
@@ -184,7 +370,7 @@ impl ObjectTable {
 
     /// The handles the kernel holds open.
     pub fn handle_count(&self) -> usize {
-        self.handles.values().map(Vec::len).sum()
+        self.handles.len()
     }
 
     pub fn node(&self, node: u64) -> Option<&Node> {
@@ -209,10 +395,139 @@ impl ObjectTable {
         Some(components)
     }
 
-    fn lookup(&mut self, node: u64, parent: u64, name: Box<[u8]>) {
-        if node == 0 || node == ROOT_ID {
-            return;
+    /// A new driver replaces the old one: every driver id is forgotten, and the plan says
+    /// what to look up and reopen, in an order that finds parents before children.
+    pub fn begin_generation(&mut self) -> RestorePlan {
+        self.by_driver.clear();
+        for node in self.nodes.values_mut() {
+            node.driver = None;
+            node.driver_lookups = 0;
         }
+        for handle in self.handles.values_mut() {
+            handle.driver = None;
+        }
+        let mut plan = RestorePlan::default();
+        let mut nodes: Vec<(usize, u64)> = Vec::with_capacity(self.nodes.len());
+        for &node in self.nodes.keys() {
+            match self.path(node) {
+                Some(path) => nodes.push((path.len(), node)),
+                None => plan.lost += 1,
+            }
+        }
+        nodes.sort_unstable();
+        plan.nodes = nodes
+            .into_iter()
+            .filter_map(|(_, node)| {
+                let (parent, name) = self.nodes.get(&node)?.name.clone()?;
+                Some((node, parent, name))
+            })
+            .collect();
+        plan.handles = self
+            .handles
+            .iter()
+            .map(|(&(fh, dir), h)| (fh, dir, h.node, h.flags))
+            .collect();
+        plan
+    }
+
+    /// The new driver knows `node` as `driver` (one lookup). Returns false if the kernel has
+    /// let go of the node meanwhile; the caller then makes the driver forget it.
+    pub fn restore_node(&mut self, node: u64, driver: u64) -> bool {
+        let Some(entry) = self.nodes.get_mut(&node) else {
+            return false;
+        };
+        entry.driver = Some(driver);
+        entry.driver_lookups = 1;
+        self.by_driver.entry(driver).or_insert(node);
+        true
+    }
+
+    /// The new driver reopened the kernel's `fh` as `driver`. Returns false if the kernel has
+    /// closed it meanwhile; the caller then releases it in the driver.
+    pub fn restore_handle(&mut self, fh: u64, dir: bool, driver: u64) -> bool {
+        match self.handles.get_mut(&(fh, dir)) {
+            Some(handle) => {
+                handle.driver = Some(driver);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The driver handed out one more lookup of a node (a lookup of rebound's own, during
+    /// recovery). Returns false if the kernel does not hold the node.
+    pub fn count_driver_lookup(&mut self, driver: u64) -> bool {
+        let Some(&node) = self.by_driver.get(&driver) else {
+            return false;
+        };
+        match self.nodes.get_mut(&node) {
+            Some(entry) => {
+                entry.driver_lookups += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The kernel gains a lookup of the driver's node `driver` as `parent/name`; returns the
+    /// kernel's id for it.
+    fn looked_up(&mut self, driver: u64, parent: u64, name: Box<[u8]>) -> u64 {
+        if driver == ROOT_ID {
+            return ROOT_ID;
+        }
+        let node = match self.by_driver.get(&driver) {
+            Some(&node) => node,
+            None if !self.nodes.contains_key(&driver) => driver,
+            None => self.fresh_id(|t, id| t.nodes.contains_key(&id)),
+        };
+        self.by_driver.insert(driver, node);
+        let entry = self.nodes.entry(node).or_insert(Node {
+            lookups: 0,
+            name: None,
+            driver: Some(driver),
+            driver_lookups: 0,
+        });
+        entry.lookups += 1;
+        entry.driver_lookups += 1;
+        entry.driver = Some(driver);
+        // `.` and `..` (NFS export lookups) name some other node's relation, not this one.
+        if &name[..] != b"." && &name[..] != b".." {
+            self.name(node, parent, name);
+        }
+        node
+    }
+
+    /// The kernel opened the driver's handle `driver` on `node`; returns the kernel's fh.
+    fn opened(&mut self, driver: u64, dir: bool, node: u64, flags: u32) -> u64 {
+        // Drivers may hand out one value for many handles (some answer 0 to every open): the
+        // kernel gets a distinct one for each.
+        let fh = if self.handles.contains_key(&(driver, dir)) {
+            self.fresh_id(|t, id| t.handles.contains_key(&(id, dir)))
+        } else {
+            driver
+        };
+        self.handles.insert(
+            (fh, dir),
+            Handle {
+                node,
+                flags,
+                driver: Some(driver),
+            },
+        );
+        fh
+    }
+
+    fn fresh_id(&mut self, taken: impl Fn(&Self, u64) -> bool) -> u64 {
+        loop {
+            let id = self.next_fresh;
+            self.next_fresh = self.next_fresh.wrapping_add(1).max(FRESH_IDS);
+            if !taken(self, id) {
+                return id;
+            }
+        }
+    }
+
+    fn name(&mut self, node: u64, parent: u64, name: Box<[u8]>) {
         // Whatever was known under this name before is no longer reachable by it.
         if let Some(previous) = self.names.insert((parent, name.clone()), node) {
             if previous != node {
@@ -221,26 +536,24 @@ impl ObjectTable {
                 }
             }
         }
-        let entry = self.nodes.entry(node).or_insert(Node {
-            lookups: 0,
-            name: None,
-        });
-        entry.lookups += 1;
-        if let Some(old_name) = entry.name.replace((parent, name.clone())) {
-            if old_name != (parent, name) {
-                self.names.remove(&old_name);
+        if let Some(entry) = self.nodes.get_mut(&node) {
+            if let Some(old_name) = entry.name.replace((parent, name.clone())) {
+                if old_name != (parent, name) {
+                    self.names.remove(&old_name);
+                }
             }
         }
     }
 
-    fn forget(&mut self, node: u64, count: u64) {
-        let Some(entry) = self.nodes.get_mut(&node) else {
-            return;
-        };
-        entry.lookups = entry.lookups.saturating_sub(count);
-        if entry.lookups == 0 {
-            if let Some(name) = self.nodes.remove(&node).and_then(|n| n.name) {
+    fn remove_node(&mut self, node: u64) {
+        if let Some(entry) = self.nodes.remove(&node) {
+            if let Some(name) = entry.name {
                 self.names.remove(&name);
+            }
+            if let Some(driver) = entry.driver {
+                if self.by_driver.get(&driver) == Some(&node) {
+                    self.by_driver.remove(&driver);
+                }
             }
         }
     }
@@ -282,22 +595,8 @@ impl ObjectTable {
         }
     }
 
-    fn open(&mut self, fh: u64, dir: bool, handle: Handle) {
-        self.handles.entry((fh, dir)).or_default().push(handle);
-    }
-
-    fn release(&mut self, fh: u64, dir: bool, node: u64) {
-        if let Some(list) = self.handles.get_mut(&(fh, dir)) {
-            if let Some(i) = list.iter().position(|h| h.node == node) {
-                list.swap_remove(i);
-            }
-            if list.is_empty() {
-                self.handles.remove(&(fh, dir));
-            }
-        }
-    }
-
-    /// Every index entry names a node that names it back (used by the tests).
+    /// Every index entry names a node that names it back, every node is held, and every
+    /// driver id maps back to a node that has it (used by the tests).
     pub fn is_consistent(&self) -> bool {
         self.names.iter().all(|(key, node)| {
             self.nodes
@@ -305,6 +604,16 @@ impl ObjectTable {
                 .and_then(|n| n.name.as_ref())
                 .is_some_and(|name| name == key)
         }) && self.nodes.values().all(|n| n.lookups > 0)
+            && self
+                .by_driver
+                .iter()
+                .all(|(d, k)| self.nodes.get(k).is_some_and(|n| n.driver == Some(*d)))
+    }
+}
+
+fn write_u64(bytes: &mut [u8], at: usize, value: u64) {
+    if let Some(field) = bytes.get_mut(at..at + 8) {
+        field.copy_from_slice(&value.to_ne_bytes());
     }
 }
 
@@ -318,9 +627,29 @@ mod tests {
         body
     }
 
-    fn looked_up(table: &mut ObjectTable, parent: u64, name: &[u8], node: u64) {
-        let pending = table.on_request(Change::Entry { parent, name });
-        table.on_success(pending, &entry_reply(node));
+    fn open_reply(fh: u64) -> Vec<u8> {
+        let mut body = fh.to_ne_bytes().to_vec();
+        body.resize(16, 0);
+        body
+    }
+
+    /// Looks `parent/name` up, the driver answering `driver`; returns the kernel's id.
+    fn looked_up(table: &mut ObjectTable, parent: u64, name: &[u8], driver: u64) -> u64 {
+        let pending = PendingChange::of(Change::Entry { parent, name });
+        let mut reply = entry_reply(driver);
+        table.on_success(pending, &mut reply);
+        entry_node(&reply).unwrap()
+    }
+
+    fn opened(table: &mut ObjectTable, node: u64, driver_fh: u64) -> u64 {
+        let pending = PendingChange::of(Change::Open {
+            node,
+            flags: 2,
+            dir: false,
+        });
+        let mut reply = open_reply(driver_fh);
+        table.on_success(pending, &mut reply);
+        open_handle(&reply, false).unwrap()
     }
 
     #[test]
@@ -329,9 +658,9 @@ mod tests {
         looked_up(&mut t, 1, b"a", 10);
         looked_up(&mut t, 1, b"a", 10);
         assert_eq!(t.node(10).unwrap().lookups, 2);
-        t.on_request(Change::Forget { node: 10, count: 1 });
+        assert_eq!(t.forget(10, 1), DriverForget::Send { node: 10, count: 1 });
         assert_eq!(t.node(10).unwrap().lookups, 1);
-        t.on_request(Change::Forget { node: 10, count: 1 });
+        t.forget(10, 1);
         assert_eq!(t.node(10), None);
         assert!(t.is_consistent());
     }
@@ -342,20 +671,20 @@ mod tests {
         looked_up(&mut t, 1, b"dir", 2);
         looked_up(&mut t, 2, b"file", 3);
         assert_eq!(t.path(3).unwrap(), vec![&b"dir"[..], b"file"]);
-        let pending = t.on_request(Change::Rename {
+        let pending = PendingChange::of(Change::Rename {
             parent: 2,
             name: b"file",
             new_parent: 1,
             new_name: b"moved",
             exchange: false,
         });
-        t.on_success(pending, &[]);
+        t.on_success(pending, &mut []);
         assert_eq!(t.path(3).unwrap(), vec![&b"moved"[..]]);
-        let pending = t.on_request(Change::Remove {
+        let pending = PendingChange::of(Change::Remove {
             parent: 1,
             name: b"moved",
         });
-        t.on_success(pending, &[]);
+        t.on_success(pending, &mut []);
         assert_eq!(t.path(3), None, "unlinked while held: no path");
         assert_eq!(t.node(3).unwrap().lookups, 1, "the kernel still holds it");
         assert!(t.is_consistent());
@@ -366,14 +695,14 @@ mod tests {
         let mut t = ObjectTable::new();
         looked_up(&mut t, 1, b"a", 2);
         looked_up(&mut t, 1, b"b", 3);
-        let pending = t.on_request(Change::Rename {
+        let pending = PendingChange::of(Change::Rename {
             parent: 1,
             name: b"a",
             new_parent: 1,
             new_name: b"b",
             exchange: false,
         });
-        t.on_success(pending, &[]);
+        t.on_success(pending, &mut []);
         assert_eq!(t.path(2).unwrap(), vec![&b"b"[..]]);
         assert_eq!(t.path(3), None);
         assert!(t.is_consistent());
@@ -381,8 +710,8 @@ mod tests {
 
     #[test]
     fn a_failed_request_changes_nothing() {
-        let mut t = ObjectTable::new();
-        let _pending = t.on_request(Change::Entry {
+        let t = ObjectTable::new();
+        let _pending = PendingChange::of(Change::Entry {
             parent: 1,
             name: b"x",
         });
@@ -391,24 +720,78 @@ mod tests {
     }
 
     #[test]
-    fn handles_with_the_same_fh_are_kept_apart() {
+    fn a_reused_driver_handle_gets_distinct_kernel_handles() {
         let mut t = ObjectTable::new();
-        let mut open_reply = 0u64.to_ne_bytes().to_vec();
-        open_reply.resize(16, 0);
-        for node in [5, 6] {
-            let pending = t.on_request(Change::Open {
-                node,
-                flags: 2,
-                dir: false,
-            });
-            t.on_success(pending, &open_reply);
-        }
+        let a = opened(&mut t, 5, 0);
+        let b = opened(&mut t, 6, 0);
+        assert_eq!(a, 0, "the first keeps the driver's value");
+        assert_ne!(a, b);
+        assert_eq!(t.handle_to_driver(b, false), ToDriver::Mapped(0));
         assert_eq!(t.handle_count(), 2);
-        t.on_request(Change::Release {
-            node: 6,
-            fh: 0,
-            dir: false,
-        });
+        assert_eq!(t.release(b, false), ToDriver::Mapped(0));
         assert_eq!(t.handle_count(), 1);
+    }
+
+    #[test]
+    fn a_restarted_driver_gets_its_own_ids_and_the_kernel_keeps_its_own() {
+        let mut t = ObjectTable::new();
+        let dir = looked_up(&mut t, 1, b"dir", 100);
+        let file = looked_up(&mut t, dir, b"file", 200);
+        looked_up(&mut t, dir, b"file", 200);
+        let fh = opened(&mut t, file, 7);
+        // Unlinked while open: cannot be found again.
+        let gone = looked_up(&mut t, 1, b"gone", 300);
+        let gone_fh = opened(&mut t, gone, 8);
+        let pending = PendingChange::of(Change::Remove {
+            parent: 1,
+            name: b"gone",
+        });
+        t.on_success(pending, &mut []);
+
+        let plan = t.begin_generation();
+        assert_eq!(plan.lost, 1);
+        let order: Vec<u64> = plan.nodes.iter().map(|n| n.0).collect();
+        assert_eq!(order, vec![dir, file], "parents first");
+        assert_eq!(plan.handles.len(), 2);
+        assert_eq!(t.node_to_driver(dir), ToDriver::Lost, "until restored");
+
+        // The new driver's ids: one collides with a kernel id of another node.
+        assert!(t.restore_node(dir, 200));
+        assert!(t.restore_node(file, 201));
+        assert!(t.restore_handle(fh, false, 9));
+        assert_eq!(t.node_to_driver(dir), ToDriver::Mapped(200));
+        assert_eq!(t.node_to_driver(file), ToDriver::Mapped(201));
+        assert_eq!(t.handle_to_driver(fh, false), ToDriver::Mapped(9));
+        assert_eq!(t.node_to_driver(gone), ToDriver::Lost);
+        assert_eq!(t.handle_to_driver(gone_fh, false), ToDriver::Lost);
+        assert_eq!(t.node_from_driver(200), Some(dir));
+
+        // A new node whose driver id the kernel already uses for another node.
+        let new = looked_up(&mut t, dir, b"new", 100);
+        assert_ne!(new, 100, "kernel id 100 is taken by `dir`");
+        assert_eq!(t.node_to_driver(new), ToDriver::Mapped(100));
+        // A repeated lookup of a restored node maps back to the kernel's id.
+        assert_eq!(looked_up(&mut t, dir, b"file", 201), file);
+
+        // The kernel held `file` twice before, and once more now; the new driver handed out
+        // two lookups (restore + the one above), and is forgotten exactly those.
+        assert_eq!(
+            t.forget(file, 2),
+            DriverForget::Send {
+                node: 201,
+                count: 1
+            }
+        );
+        assert_eq!(
+            t.forget(file, 1),
+            DriverForget::Send {
+                node: 201,
+                count: 1
+            }
+        );
+        assert_eq!(t.node(file), None);
+        // A lost node is forgotten by the kernel only.
+        assert_eq!(t.forget(gone, 1), DriverForget::Nothing);
+        assert!(t.is_consistent());
     }
 }

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use fuse_wire::Change;
 use proptest::prelude::*;
-use tracker::ObjectTable;
+use tracker::objects::{DriverForget, ToDriver};
+use tracker::{ObjectTable, PendingChange};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -26,6 +27,8 @@ enum Op {
     Unlink {
         name: u8,
     },
+    /// The driver is replaced by a new one, which re-resolves what the kernel holds.
+    Restart,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -42,6 +45,7 @@ fn op() -> impl Strategy<Value = Op> {
             exchange
         }),
         (0u8..6).prop_map(|name| Op::Unlink { name }),
+        Just(Op::Restart),
     ]
 }
 
@@ -51,37 +55,66 @@ fn entry_reply(node: u64) -> Vec<u8> {
     body
 }
 
+/// The driver of generation `generation` calls its file `file` by this id.
+fn driver_id(file: u64, generation: u64) -> u64 {
+    file + 100 * generation
+}
+
 proptest! {
     #[test]
     fn index_stays_consistent_and_counts_match(ops in proptest::collection::vec(op(), 0..200)) {
         let mut table = ObjectTable::new();
+        // The model: kernel lookups per kernel id, which file each kernel id is, and the
+        // lookups each driver id has handed out and not yet been forgotten.
         let mut lookups: HashMap<u64, u64> = HashMap::new();
+        let mut file_of: HashMap<u64, u64> = HashMap::new();
+        let mut driver_out: HashMap<u64, u64> = HashMap::new();
+        let mut generation = 0;
         for op in ops {
             match op {
-                Op::Lookup { parent, name, node } => {
+                Op::Lookup { parent, name, node: file } => {
                     let name = [b'a' + name];
-                    let pending = table.on_request(Change::Entry { parent, name: &name });
-                    table.on_success(pending, &entry_reply(node));
+                    let pending = PendingChange::of(Change::Entry { parent, name: &name });
+                    let driver = driver_id(file, generation);
+                    let mut reply = entry_reply(driver);
+                    table.on_success(pending, &mut reply);
+                    let node = u64::from_ne_bytes(reply[..8].try_into().unwrap());
+                    prop_assert_eq!(table.node_to_driver(node), ToDriver::Mapped(driver));
                     *lookups.entry(node).or_default() += 1;
+                    file_of.insert(node, file);
+                    *driver_out.entry(driver).or_default() += 1;
                 }
                 Op::Forget { node, count } => {
-                    table.on_request(Change::Forget { node, count });
-                    if let Some(n) = lookups.get_mut(&node) {
-                        *n = n.saturating_sub(count);
-                        if *n == 0 { lookups.remove(&node); }
+                    let Some(n) = lookups.get_mut(&node) else { continue };
+                    if let DriverForget::Send { node: driver, count: sent } = table.forget(node, count) {
+                        let out = driver_out.get_mut(&driver);
+                        prop_assert!(out.as_ref().is_some_and(|o| **o >= sent), "over-forgotten");
+                        *out.unwrap() -= sent;
                     }
+                    *n = n.saturating_sub(count);
+                    if *n == 0 { lookups.remove(&node); }
                 }
                 Op::Rename { name, new_name, exchange } => {
                     let (a, b) = ([b'a' + name], [b'a' + new_name]);
-                    let pending = table.on_request(Change::Rename {
+                    let pending = PendingChange::of(Change::Rename {
                         parent: 1, name: &a, new_parent: 1, new_name: &b, exchange,
                     });
-                    table.on_success(pending, &[]);
+                    table.on_success(pending, &mut []);
                 }
                 Op::Unlink { name } => {
                     let a = [b'a' + name];
-                    let pending = table.on_request(Change::Remove { parent: 1, name: &a });
-                    table.on_success(pending, &[]);
+                    let pending = PendingChange::of(Change::Remove { parent: 1, name: &a });
+                    table.on_success(pending, &mut []);
+                }
+                Op::Restart => {
+                    generation += 1;
+                    driver_out.clear();
+                    let plan = table.begin_generation();
+                    for (node, _, _) in plan.nodes {
+                        let driver = driver_id(file_of[&node], generation);
+                        prop_assert!(table.restore_node(node, driver));
+                        *driver_out.entry(driver).or_default() += 1;
+                    }
                 }
             }
             prop_assert!(table.is_consistent());
@@ -94,5 +127,13 @@ proptest! {
                 prop_assert!(!path.is_empty());
             }
         }
+        // When the kernel lets go of everything, the driver is forgotten exactly what it
+        // handed out.
+        for (node, count) in lookups {
+            if let DriverForget::Send { node: driver, count: sent } = table.forget(node, count) {
+                *driver_out.get_mut(&driver).unwrap() -= sent;
+            }
+        }
+        prop_assert!(driver_out.values().all(|&n| n == 0), "{:?}", driver_out);
     }
 }

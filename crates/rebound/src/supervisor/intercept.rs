@@ -29,6 +29,13 @@ use crate::proxy::{Channel, Proxy};
 pub enum Intercepted {
     /// The driver's FUSE mount is in place; rebound holds the kernel end.
     Mounted(Mount),
+    /// A restarted driver mounted again: it got a new channel, and the kernel's mount stays.
+    Reattached {
+        /// rebound's end of the new channel.
+        channel: OwnedFd,
+        channel_inode: u64,
+        caller: u32,
+    },
     /// The driver unmounted rebound's mount.
     Unmounted,
     /// Anything else: answered, nothing to do.
@@ -63,6 +70,8 @@ pub struct Served<'a> {
     pub mountpoint: &'a Path,
     pub channel_inode: u64,
     pub proxy: &'a Proxy,
+    /// A restarted driver is expected to mount it again.
+    pub recovering: bool,
 }
 
 /// Handles one notification.
@@ -73,10 +82,11 @@ pub fn handle(
 ) -> Intercepted {
     let nr = i64::from(notif.data.nr);
     let ours = served.as_ref().map(|s| s.mountpoint);
+    let recovering = served.as_ref().is_some_and(|s| s.recovering);
     let result = if nr == seccomp::NR_MOUNT {
-        handle_mount(listener, notif, ours)
+        handle_mount(listener, notif, ours, recovering)
     } else if nr == seccomp::NR_UMOUNT2 {
-        handle_umount(listener, notif, ours)
+        handle_umount(listener, notif, ours, recovering)
     } else if nr == seccomp::NR_IOCTL {
         handle_clone(listener, notif, served.map(|s| s.channel_inode))
     } else if nr == seccomp::NR_SPLICE {
@@ -97,6 +107,7 @@ fn handle_mount(
     listener: BorrowedFd<'_>,
     notif: &Notification,
     ours: Option<&Path>,
+    recovering: bool,
 ) -> io::Result<Intercepted> {
     let call = match read_mount_call(notif) {
         Ok(call) => call,
@@ -116,6 +127,27 @@ fn handle_mount(
         // Not ours to judge here (the sandbox will be); let the kernel decide.
         seccomp::respond_continue(listener, notif.id)?;
         return Ok(Intercepted::Other);
+    }
+    if let Some(mountpoint) = ours.filter(|m| recovering && call.target == *m) {
+        // The mount is rebound's and stays; the new driver gets a channel to it.
+        return match reattach(listener, notif, &call) {
+            Ok((channel, channel_inode)) => {
+                seccomp::respond(listener, notif.id, 0, 0)?;
+                Ok(Intercepted::Reattached {
+                    channel,
+                    channel_inode,
+                    caller: notif.pid,
+                })
+            }
+            Err(errno) => {
+                tracing::warn!(
+                    "could not give the new driver its channel to {}: {errno}",
+                    mountpoint.display()
+                );
+                seccomp::respond(listener, notif.id, -1, errno.raw_os_error())?;
+                Ok(Intercepted::Other)
+            }
+        };
     }
     if let Some(mountpoint) = ours {
         tracing::error!(
@@ -138,13 +170,9 @@ fn handle_mount(
     }
 }
 
-/// Mounts with rebound's own `/dev/fuse` and gives the caller the channel in place of its
-/// descriptor. Fails with the errno the caller should see.
-fn mount_for_driver(
-    listener: BorrowedFd<'_>,
-    notif: &Notification,
-    call: &MountCall,
-) -> Result<Mount, Errno> {
+/// The caller's `/dev/fuse` descriptor named by `fd=N`, and whether it is close-on-exec.
+/// Fails with the errno the caller should see.
+fn callers_fuse_fd(notif: &Notification, call: &MountCall) -> Result<(u32, bool), Errno> {
     let data = call.data.as_deref().unwrap_or_default();
     let driver_fd = fuse_fd_option(data).ok_or(Errno::INVAL)?;
     let pid = notif.pid;
@@ -154,8 +182,49 @@ fn mount_for_driver(
     if link != Path::new("/dev/fuse") {
         return Err(Errno::INVAL);
     }
-    let cloexec = fd_is_cloexec(pid, driver_fd);
+    Ok((driver_fd, fd_is_cloexec(pid, driver_fd)))
+}
 
+/// Puts the driver's end of a new channel in place of the caller's descriptor `fd`.
+/// Returns rebound's end and the inode of the driver's.
+fn install_channel(
+    listener: BorrowedFd<'_>,
+    notif: &Notification,
+    fd: u32,
+    cloexec: bool,
+) -> Result<(OwnedFd, u64), Errno> {
+    let io_errno = |e: &io::Error| Errno::from_io_error(e).unwrap_or(Errno::IO);
+    let channel = Channel::new().map_err(|e| io_errno(&e))?;
+    let channel_inode = rustix::fs::fstat(&channel.theirs)?.st_ino;
+    seccomp::install_fd_as(listener, notif.id, channel.theirs.as_fd(), fd, cloexec).map_err(
+        |e| {
+            tracing::warn!("could not hand the channel to pid {}: {e}", notif.pid);
+            io_errno(&e)
+        },
+    )?;
+    Ok((channel.ours, channel_inode))
+}
+
+/// A restarted driver's mount of the mount point rebound still holds: no new mount, only a
+/// new channel in place of the driver's `/dev/fuse`.
+fn reattach(
+    listener: BorrowedFd<'_>,
+    notif: &Notification,
+    call: &MountCall,
+) -> Result<(OwnedFd, u64), Errno> {
+    let (fd, cloexec) = callers_fuse_fd(notif, call)?;
+    install_channel(listener, notif, fd, cloexec)
+}
+
+/// Mounts with rebound's own `/dev/fuse` and gives the caller the channel in place of its
+/// descriptor. Fails with the errno the caller should see.
+fn mount_for_driver(
+    listener: BorrowedFd<'_>,
+    notif: &Notification,
+    call: &MountCall,
+) -> Result<Mount, Errno> {
+    let (driver_fd, cloexec) = callers_fuse_fd(notif, call)?;
+    let data = call.data.as_deref().unwrap_or_default();
     let kernel = rustix::fs::open(
         "/dev/fuse",
         rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
@@ -172,35 +241,17 @@ fn mount_for_driver(
         rustix::mount::MountFlags::from_bits_retain(call.flags as _),
         to_c(data)?.as_c_str(),
     )?;
-
-    let unmount = || {
-        let _ = rustix::mount::unmount(&call.target, rustix::mount::UnmountFlags::DETACH);
-    };
-    let channel = Channel::new().map_err(|e| {
-        unmount();
-        Errno::from_io_error(&e).unwrap_or(Errno::IO)
-    })?;
-    let channel_inode = rustix::fs::fstat(&channel.theirs)
-        .map(|st| st.st_ino)
-        .inspect_err(|_| unmount())?;
-    if let Err(e) = seccomp::install_fd_as(
-        listener,
-        notif.id,
-        channel.theirs.as_fd(),
-        driver_fd,
-        cloexec,
-    ) {
-        unmount();
-        tracing::warn!("could not hand the channel to pid {pid}: {e}");
-        return Err(Errno::from_io_error(&e).unwrap_or(Errno::IO));
-    }
+    let (channel, channel_inode) = install_channel(listener, notif, driver_fd, cloexec)
+        .inspect_err(|_| {
+            let _ = rustix::mount::unmount(&call.target, rustix::mount::UnmountFlags::DETACH);
+        })?;
     Ok(Mount {
         mountpoint: call.target.clone(),
         fstype: String::from_utf8_lossy(&fstype).into_owned(),
         kernel,
-        channel: channel.ours,
+        channel,
         channel_inode,
-        caller: pid,
+        caller: notif.pid,
     })
 }
 
@@ -208,6 +259,7 @@ fn handle_umount(
     listener: BorrowedFd<'_>,
     notif: &Notification,
     ours: Option<&Path>,
+    recovering: bool,
 ) -> io::Result<Intercepted> {
     let target = read_path(notif, notif.data.args[0]);
     if !seccomp::id_valid(listener, notif.id) {
@@ -219,6 +271,12 @@ fn handle_umount(
     };
     if normalize(&target) != normalize(mountpoint) {
         seccomp::respond_continue(listener, notif.id)?;
+        return Ok(Intercepted::Other);
+    }
+    if recovering {
+        // A helper of the failed driver (fusermount's auto_unmount) must not take the mount
+        // down: a new driver is coming. It is told the unmount happened.
+        seccomp::respond(listener, notif.id, 0, 0)?;
         return Ok(Intercepted::Other);
     }
     // rebound owns the mount, so rebound unmounts it, with the driver's flags.

@@ -1,18 +1,21 @@
-//! The supervisor of one `rebound run`: starts the driver, intercepts its mount, keeps the
-//! proxy running, and decides what happens when either side goes away.
+//! The supervisor of one `rebound run` (MINIX 3's reincarnation server): starts the driver,
+//! intercepts its mount, keeps the proxy running, notices when the driver fails, and restarts
+//! it within a budget.
 //!
-//! Owns: the lifecycle (starting, serving, stopping), signals, exit codes and the log lines
-//! that explain them. Must not: touch FUSE messages (that is the proxy) or contain `unsafe`.
+//! Owns: the lifecycle (starting, serving, recovering, failed, stopping), signals, the
+//! restart policy, exit codes and the log lines that explain them. Must not: touch FUSE
+//! messages (that is the proxy) or contain `unsafe`.
 //!
 //! Everything happens on one thread around one `poll(2)`: the seccomp listener, termination
-//! signals, SIGCHLD and the proxy's events are all file descriptors.
+//! signals, SIGCHLD, the proxy's events and operator commands are all file descriptors.
 
 mod intercept;
 mod process;
 
+use std::collections::VecDeque;
 use std::ffi::OsString;
-use std::io::Read;
-use std::os::fd::AsFd;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -25,7 +28,7 @@ use rebound_sys::{seccomp, spawn};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::process::Signal;
 
-use crate::config::Config;
+use crate::config::{BudgetPolicy, Config};
 use crate::control::{self, ControlSocket, StatusBoard};
 use crate::proxy::{Proxy, ProxyEvent};
 use intercept::Intercepted;
@@ -34,10 +37,14 @@ use process::Exit;
 /// Where the run is in its life.
 #[derive(Debug)]
 enum Phase {
-    /// Waiting for the driver to mount, until the deadline.
+    /// Waiting for the first driver to mount, until the deadline.
     Starting { deadline: Instant },
     /// The mount is served through the proxy.
     Serving,
+    /// The driver failed; a new one is on its way. Requests wait.
+    Recovering(Step),
+    /// The restart budget is spent: requests fail with `EIO` until `retry_at`.
+    Failed { retry_at: Instant },
     /// Waiting for the driver's processes to exit; escalating to SIGKILL past the deadline.
     Stopping {
         deadline: Instant,
@@ -48,16 +55,49 @@ enum Phase {
     },
 }
 
+/// The steps of a recovery.
+#[derive(Debug)]
+enum Step {
+    /// Waiting for what is left of the failed driver to be gone.
+    Reaping { deadline: Instant },
+    /// Waiting out the back-off before starting a new driver.
+    Backoff { until: Instant },
+    /// The new driver runs; waiting for its `mount(2)`.
+    Mounting { deadline: Instant },
+    /// The proxy brings the new driver to the old one's state.
+    Restoring,
+}
+
 /// The mount being served.
 struct Served {
     mountpoint: PathBuf,
+    /// Inode of the current driver's end of its channel.
     channel_inode: u64,
     proxy: Proxy,
 }
 
+/// Everything one run keeps between turns of its loop.
+struct Run<'a> {
+    config: &'a Config,
+    argv: &'a [OsString],
+    driver_name: String,
+    board: Arc<StatusBoard>,
+    phase: Phase,
+    served: Option<Served>,
+    /// The seccomp listener of the current driver's processes.
+    listener: OwnedFd,
+    listener_open: bool,
+    /// The process rebound started for the current driver, and how it ended.
+    driver_pid: i32,
+    driver_exit: Option<Exit>,
+    /// When restarts were started, within the restart window.
+    restarts: VecDeque<Instant>,
+    events_tx: Option<UnixStream>,
+}
+
 /// Runs `argv` as a FUSE driver behind rebound until the mount ends. Returns the exit code.
 pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
-    let Some((program, args)) = argv.split_first() else {
+    let Some(program) = argv.first() else {
         bail!("no driver command given");
     };
     let driver_name = program.to_string_lossy().into_owned();
@@ -67,13 +107,11 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
     let terminate = SignalPipe::new(&[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])?;
     let child_exit = SignalPipe::new(&[signal_hook::consts::SIGCHLD])?;
     let (events_rx, events_tx) = UnixStream::pair().context("creating the event channel")?;
+    let (commands_rx, commands_tx) = UnixStream::pair().context("creating the command channel")?;
+    commands_rx.set_nonblocking(true)?;
 
-    let mut command = Command::new(program);
-    command.args(args).process_group(0);
-    let (child, listener) = spawn::spawn_intercepted(&mut command)
-        .with_context(|| format!("cannot start driver `{driver_name}`"))?;
-    let initial_pid = child.id() as i32;
-    tracing::info!("started driver `{driver_name}` as pid {initial_pid}");
+    let (pid, listener) = start_driver(argv)?;
+    tracing::info!("started driver `{driver_name}` as pid {pid}");
 
     let board = Arc::new(StatusBoard::default());
     board.update(|s| {
@@ -82,37 +120,44 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        s.driver_pid = Some(initial_pid);
+        s.driver_pid = Some(pid);
         s.rebound_pid = std::process::id();
     });
-    // No-op until recovery wires it to the poll loop (`rebound restart` times out meanwhile).
-    let _control = ControlSocket::start(&control::run_dir(), board.clone(), Box::new(|| {}))
+    let restart_trigger = Box::new(move || {
+        let _ = (&commands_tx).write_all(b"r");
+    });
+    let _control = ControlSocket::start(&control::run_dir(), board.clone(), restart_trigger)
         .inspect_err(|e| tracing::warn!("no status socket: {e:#}"))
         .ok();
 
-    let mut phase = Phase::Starting {
-        deadline: Instant::now() + config.mount_timeout(),
+    let mut run = Run {
+        config,
+        argv,
+        driver_name,
+        board,
+        phase: Phase::Starting {
+            deadline: Instant::now() + config.mount_timeout(),
+        },
+        served: None,
+        listener,
+        listener_open: true,
+        driver_pid: pid,
+        driver_exit: None,
+        restarts: VecDeque::new(),
+        events_tx: Some(events_tx),
     };
-    let mut served: Option<Served> = None;
-    let mut initial_exit: Option<Exit> = None;
-    let mut listener_open = true;
-    let mut events_tx = Some(events_tx);
 
     loop {
-        let timeout = match &phase {
-            Phase::Starting { deadline } | Phase::Stopping { deadline, .. } => {
-                deadline.saturating_duration_since(Instant::now())
-            }
-            Phase::Serving => Duration::from_secs(1),
-        };
-        let (listener_ready, listener_hup, terminate_ready, child_ready, event_ready) = {
+        let timeout = run.poll_timeout();
+        let (listener_ready, listener_hup, terminate_ready, child_ready, event_ready, command) = {
             let mut fds = vec![
                 PollFd::new(&terminate.reader, PollFlags::IN),
                 PollFd::new(&child_exit.reader, PollFlags::IN),
                 PollFd::new(&events_rx, PollFlags::IN),
+                PollFd::new(&commands_rx, PollFlags::IN),
             ];
-            if listener_open {
-                fds.push(PollFd::new(&listener, PollFlags::IN));
+            if run.listener_open {
+                fds.push(PollFd::new(&run.listener, PollFlags::IN));
             }
             let timespec = Timespec::try_from(timeout).unwrap_or(Timespec {
                 tv_sec: 1,
@@ -127,223 +172,516 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                     .is_some_and(|f| f.revents().contains(PollFlags::IN))
             };
             let hup = fds
-                .get(3)
+                .get(4)
                 .is_some_and(|f| f.revents().intersects(PollFlags::HUP | PollFlags::ERR));
-            (ready(3), hup, ready(0), ready(1), ready(2))
+            (ready(4), hup, ready(0), ready(1), ready(2), ready(3))
         };
 
         if listener_ready {
-            match seccomp::receive(listener.as_fd()) {
-                Ok(notif) => {
-                    let ours = served.as_ref().map(|s| intercept::Served {
-                        mountpoint: &s.mountpoint,
-                        channel_inode: s.channel_inode,
-                        proxy: &s.proxy,
-                    });
-                    match intercept::handle(listener.as_fd(), &notif, ours) {
-                        Intercepted::Mounted(mount) => {
-                            tracing::info!(
-                                "mounted {} ({}) for pid {}; serving it through rebound",
-                                mount.mountpoint.display(),
-                                mount.fstype,
-                                mount.caller
-                            );
-                            let tx = events_tx.take().context("second mount")?;
-                            let proxy = Proxy::start(mount.kernel, mount.channel, tx)
-                                .context("starting the proxy")?;
-                            board
-                                .attach(proxy.stats.clone(), Box::new(proxy.held_objects_reader()));
-                            board.update(|s| {
-                                s.mountpoint = mount.mountpoint.display().to_string();
-                                s.state = "serving".into();
-                            });
-                            served = Some(Served {
-                                mountpoint: mount.mountpoint,
-                                channel_inode: mount.channel_inode,
-                                proxy,
-                            });
-                            phase = Phase::Serving;
-                        }
-                        Intercepted::Unmounted => {
-                            // The driver is done with the mount; its reader threads must
-                            // not wait for requests that will never come.
-                            if let Some(s) = &served {
-                                s.proxy.disconnect_driver();
-                            }
-                            if !matches!(phase, Phase::Stopping { .. }) {
-                                tracing::info!("the driver unmounted its file system");
-                                phase = stopping(config, &board, false, 0);
-                            }
-                        }
-                        Intercepted::Other => {}
-                    }
-                }
-                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOENT.raw_os_error()) => {}
-                Err(e) => tracing::debug!("seccomp receive: {e}"),
-            }
+            run.on_intercepted_call()?;
         } else if listener_hup {
             // Every process under the filter has exited; nothing more will be reported.
-            listener_open = false;
+            run.listener_open = false;
         }
-
         if terminate_ready {
             terminate.drain();
-            match &mut phase {
-                Phase::Stopping { killed, .. } => {
-                    // A second request to stop: the operator does not want to wait for the
-                    // driver to finish writing.
-                    if !*killed {
-                        tracing::warn!("second stop signal: killing the driver");
-                        process::signal_all(Signal::KILL);
-                        *killed = true;
-                    }
-                }
-                _ => {
-                    tracing::info!("stopping on signal");
-                    if let Some(s) = &served {
-                        unmount(&s.mountpoint);
-                    }
-                    phase = stopping(config, &board, true, 0);
-                }
-            }
+            run.on_stop_signal();
         }
-
         if event_ready {
             let mut byte = [0u8; 1];
             if let (Ok(1), Some(event)) =
                 ((&events_rx).read(&mut byte), ProxyEvent::from_byte(byte[0]))
             {
-                if let (Phase::Serving, Some(s)) = (&phase, &served) {
-                    match event {
-                        ProxyEvent::KernelGone => {
-                            tracing::info!(
-                                "{} was unmounted; stopping the driver",
-                                s.mountpoint.display()
-                            );
-                            phase = stopping(config, &board, true, 0);
-                        }
-                        ProxyEvent::DriverGone => {
-                            board.update(|b| {
-                                b.last_failure = Some("driver closed its channel".into())
-                            });
-                            tracing::error!(
-                                "the driver closed its channel to {}",
-                                s.mountpoint.display()
-                            );
-                            unmount(&s.mountpoint);
-                            phase = stopping(config, &board, true, 1);
-                        }
-                    }
-                }
+                run.on_proxy_event(event);
             }
         }
-
+        if command {
+            let mut buf = [0u8; 16];
+            while matches!((&commands_rx).read(&mut buf), Ok(n) if n > 0) {}
+            run.on_restart_command();
+        }
         if child_ready {
             child_exit.drain();
         }
+        run.reap();
+        if let Some(code) = run.on_processes_gone() {
+            return Ok(code);
+        }
+        run.on_tick()?;
+    }
+}
+
+/// Starts the driver under the seccomp filter; returns its pid and the filter's listener.
+fn start_driver(argv: &[OsString]) -> anyhow::Result<(i32, OwnedFd)> {
+    let (program, args) = argv.split_first().context("no driver command given")?;
+    let mut command = Command::new(program);
+    command.args(args).process_group(0);
+    let (child, listener) = spawn::spawn_intercepted(&mut command)
+        .with_context(|| format!("cannot start driver `{}`", program.to_string_lossy()))?;
+    Ok((child.id() as i32, listener))
+}
+
+impl Run<'_> {
+    fn poll_timeout(&self) -> Duration {
+        let now = Instant::now();
+        let until = |at: Instant| at.saturating_duration_since(now);
+        let tick = Duration::from_millis(250);
+        match &self.phase {
+            Phase::Starting { deadline } | Phase::Stopping { deadline, .. } => until(*deadline),
+            Phase::Serving | Phase::Recovering(Step::Restoring) => tick,
+            Phase::Recovering(Step::Reaping { deadline } | Step::Mounting { deadline }) => {
+                until(*deadline).min(tick)
+            }
+            Phase::Recovering(Step::Backoff { until: at }) => until(*at),
+            Phase::Failed { retry_at } => until(*retry_at),
+        }
+    }
+
+    fn on_intercepted_call(&mut self) -> anyhow::Result<()> {
+        let notif = match seccomp::receive(self.listener.as_fd()) {
+            Ok(notif) => notif,
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOENT.raw_os_error()) => {
+                return Ok(())
+            }
+            Err(e) => {
+                tracing::debug!("seccomp receive: {e}");
+                return Ok(());
+            }
+        };
+        let recovering = matches!(self.phase, Phase::Recovering(Step::Mounting { .. }));
+        let ours = self.served.as_ref().map(|s| intercept::Served {
+            mountpoint: &s.mountpoint,
+            channel_inode: s.channel_inode,
+            proxy: &s.proxy,
+            recovering,
+        });
+        match intercept::handle(self.listener.as_fd(), &notif, ours) {
+            Intercepted::Mounted(mount) => {
+                tracing::info!(
+                    "mounted {} ({}) for pid {}; serving it through rebound",
+                    mount.mountpoint.display(),
+                    mount.fstype,
+                    mount.caller
+                );
+                let tx = self.events_tx.take().context("second mount")?;
+                let proxy =
+                    Proxy::start(mount.kernel, mount.channel, tx).context("starting the proxy")?;
+                self.board
+                    .attach(proxy.stats.clone(), Box::new(proxy.held_objects_reader()));
+                self.board.update(|s| {
+                    s.mountpoint = mount.mountpoint.display().to_string();
+                    s.state = "serving".into();
+                });
+                self.served = Some(Served {
+                    mountpoint: mount.mountpoint,
+                    channel_inode: mount.channel_inode,
+                    proxy,
+                });
+                self.phase = Phase::Serving;
+            }
+            Intercepted::Reattached {
+                channel,
+                channel_inode,
+                caller,
+            } => {
+                if let Some(s) = &mut self.served {
+                    tracing::info!(
+                        "new driver (pid {caller}) attached to {}; restoring its state",
+                        s.mountpoint.display()
+                    );
+                    s.channel_inode = channel_inode;
+                    s.proxy
+                        .attach_driver(channel, self.config.request_timeout())
+                        .context("starting the recovery")?;
+                    self.phase = Phase::Recovering(Step::Restoring);
+                }
+            }
+            Intercepted::Unmounted => {
+                // The driver is done with the mount; its reader threads must not wait for
+                // requests that will never come.
+                if let Some(s) = &self.served {
+                    s.proxy.disconnect_driver();
+                }
+                if !matches!(self.phase, Phase::Stopping { .. }) {
+                    tracing::info!("the driver unmounted its file system");
+                    self.phase = self.stopping(false, 0);
+                }
+            }
+            Intercepted::Other => {}
+        }
+        Ok(())
+    }
+
+    fn on_stop_signal(&mut self) {
+        match &mut self.phase {
+            Phase::Stopping { killed, .. } => {
+                // A second request to stop: the operator does not want to wait for the
+                // driver to finish writing.
+                if !*killed {
+                    tracing::warn!("second stop signal: killing the driver");
+                    process::signal_all(Signal::KILL);
+                    *killed = true;
+                }
+            }
+            _ => {
+                tracing::info!("stopping on signal");
+                if let Some(s) = &self.served {
+                    unmount(&s.mountpoint);
+                }
+                self.phase = self.stopping(true, 0);
+            }
+        }
+    }
+
+    fn on_proxy_event(&mut self, event: ProxyEvent) {
+        let Some(s) = &self.served else {
+            return;
+        };
+        match event {
+            ProxyEvent::KernelGone => {
+                if !matches!(self.phase, Phase::Stopping { .. }) {
+                    tracing::info!(
+                        "{} was unmounted; stopping the driver",
+                        s.mountpoint.display()
+                    );
+                    self.phase = self.stopping(true, 0);
+                }
+            }
+            ProxyEvent::DriverGone => {
+                let how = self
+                    .driver_exit
+                    .map_or_else(String::new, |e| format!(" ({e})"));
+                self.driver_failed(&format!("driver closed its channel{how}"));
+            }
+            ProxyEvent::DriverMisbehaved => {
+                let why = s.proxy.misbehaviour().unwrap_or_default();
+                self.driver_failed(&format!("misbehaved: {why}"));
+            }
+            ProxyEvent::Recovered => {
+                let Some(Ok(restored)) = s.proxy.take_restored() else {
+                    return;
+                };
+                tracing::info!(
+                    "recovered {}: {} nodes and {} handles restored, {} lost, {} waiting \
+                     requests resent, in {:.1} ms",
+                    s.mountpoint.display(),
+                    restored.nodes,
+                    restored.handles,
+                    restored.lost,
+                    restored.resent,
+                    restored.restore_ms
+                );
+                self.board.update(|b| {
+                    b.state = "serving".into();
+                    b.restarts += 1;
+                    b.lost_objects += restored.lost as u64;
+                });
+                self.phase = Phase::Serving;
+            }
+            ProxyEvent::RecoveryFailed => {
+                let why = match s.proxy.take_restored() {
+                    Some(Err(why)) => why,
+                    _ => "unknown".into(),
+                };
+                tracing::error!("the new driver could not be restored: {why}");
+                self.restart_failed();
+            }
+        }
+    }
+
+    fn on_restart_command(&mut self) {
+        match self.phase {
+            Phase::Serving => self.driver_failed("restart requested by the operator"),
+            Phase::Failed { .. } => {
+                tracing::info!("restart requested by the operator");
+                self.restarts.clear();
+                self.phase = Phase::Recovering(Step::Backoff {
+                    until: Instant::now(),
+                });
+                self.board.update(|b| b.state = "recovering".into());
+            }
+            _ => {}
+        }
+    }
+
+    /// The serving driver failed: kill what is left of it and start the way back.
+    fn driver_failed(&mut self, cause: &str) {
+        if !matches!(
+            self.phase,
+            Phase::Serving | Phase::Recovering(Step::Restoring)
+        ) {
+            return;
+        }
+        let Some(s) = &self.served else {
+            return;
+        };
+        if matches!(self.phase, Phase::Recovering(_)) {
+            tracing::error!("the new driver failed while being restored: {cause}");
+            self.restart_failed();
+            return;
+        }
+        tracing::error!(
+            "driver of {} failed: {cause}; restarting it",
+            s.mountpoint.display()
+        );
+        s.proxy.driver_failed();
+        self.board.update(|b| {
+            b.state = "recovering".into();
+            b.failures += 1;
+            b.last_failure = Some(cause.to_string());
+        });
+        self.kill_driver();
+    }
+
+    /// A restart did not bring a working driver: try again, within the budget.
+    fn restart_failed(&mut self) {
+        if let Some(s) = &self.served {
+            s.proxy.driver_failed();
+        }
+        self.kill_driver();
+    }
+
+    fn kill_driver(&mut self) {
+        process::signal_all(Signal::KILL);
+        self.phase = Phase::Recovering(Step::Reaping {
+            deadline: Instant::now() + Duration::from_secs(10),
+        });
+    }
+
+    fn reap(&mut self) {
         // Reap on every turn: a SIGCHLD can be coalesced with another.
         for (pid, exit) in process::reap_all() {
             tracing::debug!("pid {pid} ended with {exit}");
-            if pid == initial_pid {
-                initial_exit = Some(exit);
-                if let (Phase::Serving, Some(s)) = (&phase, &served) {
-                    match process::holder_of_socket(s.channel_inode) {
-                        Some(daemon) => {
-                            tracing::info!("driver daemonized; pid {daemon} serves the mount");
-                            board.update(|s| s.driver_pid = Some(daemon));
-                        }
-                        None => tracing::debug!("driver pid {pid} exited ({exit})"),
-                    }
+            if pid != self.driver_pid {
+                continue;
+            }
+            self.driver_exit = Some(exit);
+            if let (Phase::Serving | Phase::Recovering(Step::Restoring), Some(s)) =
+                (&self.phase, &self.served)
+            {
+                if let Some(daemon) = process::holder_of_socket(s.channel_inode) {
+                    tracing::info!("driver daemonized; pid {daemon} serves the mount");
+                    self.board.update(|s| s.driver_pid = Some(daemon));
                 }
             }
         }
-        if !process::has_children() {
-            match phase {
-                Phase::Starting { .. } => {
-                    return Ok(match initial_exit {
-                        Some(exit) if exit != Exit::Code(0) => {
-                            tracing::error!(
-                                "driver `{driver_name}` failed before mounting ({exit})"
-                            );
-                            exit.shell_code()
-                        }
-                        _ => {
-                            tracing::error!(
-                                "`{driver_name}` exited without mounting a FUSE file system; is it a FUSE driver?"
-                            );
-                            1
-                        }
-                    });
-                }
-                Phase::Serving => {
-                    let how = initial_exit.map_or_else(|| "exited".to_string(), |e| e.to_string());
-                    if let Some(s) = &served {
-                        tracing::error!(
-                            "the driver of {} is gone ({how}); unmounting",
-                            s.mountpoint.display()
-                        );
-                        unmount(&s.mountpoint);
-                        log_stats(s);
-                    }
-                    return Ok(1);
-                }
-                Phase::Stopping {
-                    exit_code,
-                    driver_initiated,
-                    ..
-                } => {
-                    if let Some(s) = &served {
-                        log_stats(s);
-                    }
-                    // A driver that unmounts and fails (sshfs that cannot reach its server)
-                    // has failed, whatever the unmount did.
-                    if let Some(exit) =
-                        initial_exit.filter(|e| driver_initiated && *e != Exit::Code(0))
-                    {
-                        tracing::error!("driver `{driver_name}` failed ({exit})");
-                        return Ok(exit.shell_code());
-                    }
-                    return Ok(exit_code);
-                }
-            }
-        }
+    }
 
+    /// When no driver process is left: what that means in each phase. Returns the exit code
+    /// when the run is over.
+    fn on_processes_gone(&mut self) -> Option<i32> {
+        if process::has_children() {
+            return None;
+        }
+        let driver_name = &self.driver_name;
+        match self.phase {
+            Phase::Starting { .. } => Some(match self.driver_exit {
+                Some(exit) if exit != Exit::Code(0) => {
+                    tracing::error!("driver `{driver_name}` failed before mounting ({exit})");
+                    exit.shell_code()
+                }
+                _ => {
+                    tracing::error!(
+                        "`{driver_name}` exited without mounting a FUSE file system; is it a FUSE driver?"
+                    );
+                    1
+                }
+            }),
+            Phase::Serving => {
+                let how = self
+                    .driver_exit
+                    .map_or_else(|| "exited".to_string(), |e| e.to_string());
+                self.driver_failed(&format!("driver process gone ({how})"));
+                None
+            }
+            Phase::Recovering(Step::Reaping { .. }) => {
+                self.next_restart();
+                None
+            }
+            Phase::Recovering(Step::Mounting { .. } | Step::Restoring) => {
+                let how = self
+                    .driver_exit
+                    .map_or_else(|| "exited".to_string(), |e| e.to_string());
+                tracing::error!("the new driver `{driver_name}` ended ({how}) before serving");
+                self.restart_failed();
+                self.next_restart();
+                None
+            }
+            Phase::Recovering(Step::Backoff { .. }) | Phase::Failed { .. } => None,
+            Phase::Stopping {
+                exit_code,
+                driver_initiated,
+                ..
+            } => {
+                if let Some(s) = &self.served {
+                    log_stats(s);
+                }
+                // A driver that unmounts and fails (sshfs that cannot reach its server)
+                // has failed, whatever the unmount did.
+                if let Some(exit) = self
+                    .driver_exit
+                    .filter(|e| driver_initiated && *e != Exit::Code(0))
+                {
+                    tracing::error!("driver `{driver_name}` failed ({exit})");
+                    return Some(exit.shell_code());
+                }
+                Some(exit_code)
+            }
+        }
+    }
+
+    /// The failed driver is gone: schedule the next restart, or apply the budget's policy.
+    fn next_restart(&mut self) {
         let now = Instant::now();
-        match &mut phase {
+        let window = self.config.restart_window();
+        while self
+            .restarts
+            .front()
+            .is_some_and(|&at| now.duration_since(at) >= window)
+        {
+            self.restarts.pop_front();
+        }
+        let recent = self.restarts.len() as u32;
+        if recent >= self.config.restart_budget {
+            self.budget_spent();
+            return;
+        }
+        let backoff = if recent == 0 {
+            Duration::ZERO
+        } else {
+            self.config
+                .restart_backoff()
+                .saturating_mul(1 << (recent - 1).min(16))
+                .min(self.config.restart_backoff_max())
+        };
+        self.phase = Phase::Recovering(Step::Backoff {
+            until: now + backoff,
+        });
+    }
+
+    fn budget_spent(&mut self) {
+        let budget = self.config.restart_budget;
+        let window_ms = self.config.restart_window_ms;
+        let Some(s) = &self.served else {
+            return;
+        };
+        match self.config.on_budget_exhausted {
+            BudgetPolicy::FailRequests => {
+                tracing::error!(
+                    "{budget} restarts within {window_ms} ms: giving up for now; requests to {} \
+                     fail with EIO until a later restart succeeds",
+                    s.mountpoint.display()
+                );
+                s.proxy.fail_requests();
+                self.board.update(|b| b.state = "failed".into());
+                let retry_at = self
+                    .restarts
+                    .front()
+                    .map_or_else(Instant::now, |&at| at + self.config.restart_window());
+                self.phase = Phase::Failed { retry_at };
+            }
+            BudgetPolicy::Unmount => {
+                tracing::error!(
+                    "{budget} restarts within {window_ms} ms: giving up; unmounting {}",
+                    s.mountpoint.display()
+                );
+                unmount(&s.mountpoint);
+                s.proxy.fail_requests();
+                self.board.update(|b| b.state = "stopping".into());
+                // No driver process is left: the run ends on the next turn, with failure.
+                self.phase = Phase::Stopping {
+                    deadline: Instant::now() + self.config.stop_timeout(),
+                    killed: false,
+                    exit_code: 1,
+                    driver_initiated: false,
+                };
+            }
+        }
+    }
+
+    fn on_tick(&mut self) -> anyhow::Result<()> {
+        if let Some(s) = &self.served {
+            for ms in s.proxy.take_recovery_latencies() {
+                tracing::info!("first request served {ms:.1} ms after the failure");
+                self.board.record_recovery(ms);
+            }
+        }
+        let now = Instant::now();
+        match &mut self.phase {
             Phase::Starting { deadline } if now >= *deadline => {
                 tracing::error!(
-                    "`{driver_name}` did not mount a FUSE file system within {} ms; is it a FUSE driver?",
-                    config.mount_timeout_ms
+                    "`{}` did not mount a FUSE file system within {} ms; is it a FUSE driver?",
+                    self.driver_name,
+                    self.config.mount_timeout_ms
                 );
-                phase = stopping(config, &board, true, 1);
+                self.phase = self.stopping(true, 1);
+            }
+            Phase::Serving => {
+                let cause = self.served.as_ref().and_then(|s| {
+                    s.proxy
+                        .check_liveness(self.config.request_timeout(), self.config.probe_timeout())
+                });
+                if let Some(cause) = cause {
+                    self.driver_failed(&cause);
+                }
+            }
+            Phase::Recovering(Step::Reaping { deadline }) if now >= *deadline => {
+                tracing::warn!("processes of the failed driver do not exit; restarting anyway");
+                self.next_restart();
+            }
+            Phase::Recovering(Step::Backoff { until }) if now >= *until => {
+                self.restarts.push_back(now);
+                let (pid, listener) = start_driver(self.argv)?;
+                tracing::info!("restarted driver `{}` as pid {pid}", self.driver_name);
+                self.listener = listener;
+                self.listener_open = true;
+                self.driver_pid = pid;
+                self.driver_exit = None;
+                self.board.update(|b| b.driver_pid = Some(pid));
+                self.phase = Phase::Recovering(Step::Mounting {
+                    deadline: now + self.config.mount_timeout(),
+                });
+            }
+            Phase::Recovering(Step::Mounting { deadline }) if now >= *deadline => {
+                tracing::error!(
+                    "the new driver did not mount within {} ms",
+                    self.config.mount_timeout_ms
+                );
+                self.restart_failed();
+            }
+            Phase::Failed { retry_at } if now >= *retry_at => {
+                tracing::info!("trying the driver again");
+                self.phase = Phase::Recovering(Step::Backoff { until: now });
+                self.board.update(|b| b.state = "recovering".into());
             }
             Phase::Stopping {
                 deadline, killed, ..
             } if now >= *deadline && !*killed => {
                 tracing::warn!(
                     "driver did not stop within {} ms; killing it",
-                    config.stop_timeout_ms
+                    self.config.stop_timeout_ms
                 );
                 process::signal_all(Signal::KILL);
                 *killed = true;
-                *deadline = now + config.stop_timeout();
+                *deadline = now + self.config.stop_timeout();
             }
             _ => {}
         }
+        Ok(())
     }
-}
 
-/// Enters the stopping phase; with `signal`, asks every driver process to terminate.
-fn stopping(config: &Config, board: &StatusBoard, signal: bool, exit_code: i32) -> Phase {
-    board.update(|s| s.state = "stopping".into());
-    if signal {
-        process::signal_all(Signal::TERM);
-    }
-    Phase::Stopping {
-        deadline: Instant::now() + config.stop_timeout(),
-        killed: false,
-        exit_code,
-        driver_initiated: !signal,
+    /// Enters the stopping phase; with `signal`, asks every driver process to terminate.
+    fn stopping(&self, signal: bool, exit_code: i32) -> Phase {
+        self.board.update(|s| s.state = "stopping".into());
+        if signal {
+            process::signal_all(Signal::TERM);
+        }
+        Phase::Stopping {
+            deadline: Instant::now() + self.config.stop_timeout(),
+            killed: false,
+            exit_code,
+            driver_initiated: !signal,
+        }
     }
 }
 
@@ -370,13 +708,14 @@ fn log_stats(served: &Served) {
     let stats = &served.proxy.stats;
     let (nodes, handles) = served.proxy.held_objects();
     tracing::info!(
-        "{}: {} requests, {} replies, {} notifications, {} refused driver messages; \
-         the kernel still held {nodes} nodes and {handles} open handles",
+        "{}: {} requests, {} replies, {} notifications, {} refused driver messages, {} requests \
+         resent after restarts; the kernel still held {nodes} nodes and {handles} open handles",
         served.mountpoint.display(),
         stats.requests.load(Relaxed),
         stats.replies.load(Relaxed),
         stats.notifications.load(Relaxed),
         stats.refused.load(Relaxed),
+        stats.resent.load(Relaxed),
     );
 }
 

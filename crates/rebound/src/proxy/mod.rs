@@ -1,0 +1,1160 @@
+//! The isolation layer's data path: rebound's end of `/dev/fuse` on one side, the driver's
+//! message channel on the other, and every message checked and translated as it crosses.
+//!
+//! Owns: the forwarding threads (one per kernel queue, one per driver), the INIT rewrite,
+//! reply validation against the [`InflightTable`], translating ids through the
+//! [`ObjectTable`], and the link to the driver: serving, recovering (requests are parked and
+//! a few are answered by rebound itself, as Nooks' shadow driver does), or failed (requests
+//! get `EIO`). [`recovery`] brings a new driver up to the old one's state.
+//! Must not: know about processes or mounts (the supervisor's), or allocate per request on the
+//! forwarding path: each thread reuses its buffers.
+//!
+//! The channel is an `AF_UNIX` `SOCK_SEQPACKET` socket pair: like `/dev/fuse` it keeps message
+//! boundaries, so an unmodified driver reads exactly one request per `read(2)` and writes one
+//! reply per `write(2)`.
+
+mod private;
+mod recovery;
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
+
+use fuse_wire::abi::{self, size, ROOT_ID};
+use fuse_wire::ids::{read_u64, write_u64};
+use fuse_wire::{DriverMessage, InHeader, Opcode, OutHeader, ReplyShape, Request};
+use rustix::io::Errno;
+use rustix::net::{RecvFlags, SendFlags};
+use tracker::{
+    DriverForget, Inflight, InflightTable, ObjectTable, Patches, PendingChange, RequestBytes,
+    ToDriver,
+};
+use zerocopy::FromBytes;
+
+use private::PrivateCalls;
+pub use recovery::Restored;
+
+/// Largest WRITE payload rebound lets a driver negotiate (the kernel's own ceiling with the
+/// default `max_pages_limit` of 256 pages).
+pub const MAX_WRITE: u32 = 1 << 20;
+/// Room for a request or reply of `MAX_WRITE` bytes of data plus headers and arguments.
+const BUFFER_SIZE: usize = MAX_WRITE as usize + 64 * 1024;
+/// Socket buffers must hold at least one message of `BUFFER_SIZE`; a few keep the driver's
+/// threads busy.
+const SOCKET_BUFFER: usize = 4 * BUFFER_SIZE;
+/// Requests up to this size are copied out of the read buffer to wait for their reply; larger
+/// ones (WRITE) keep the buffer, which is replaced from the pool.
+const SMALL_REQUEST: usize = 16 * 1024;
+
+/// Offset of `nodeid` in `fuse_in_header`.
+const NODEID_AT: usize = std::mem::offset_of!(InHeader, nodeid);
+
+/// What the proxy tells the supervisor; one byte each on the event socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ProxyEvent {
+    /// `/dev/fuse` answered `ENODEV`: the file system was unmounted or the connection aborted.
+    KernelGone = 1,
+    /// The current driver's end of the channel is closed: every process holding it is gone.
+    DriverGone = 2,
+    /// The current driver sent a message that failed the checks ([`Proxy::misbehaviour`]).
+    DriverMisbehaved = 3,
+    /// A new driver holds everything the old one did and serves ([`Proxy::take_restored`]).
+    Recovered = 4,
+    /// Bringing a new driver up failed ([`Proxy::take_restored`] says why).
+    RecoveryFailed = 5,
+}
+
+impl ProxyEvent {
+    pub fn from_byte(byte: u8) -> Option<Self> {
+        Some(match byte {
+            1 => ProxyEvent::KernelGone,
+            2 => ProxyEvent::DriverGone,
+            3 => ProxyEvent::DriverMisbehaved,
+            4 => ProxyEvent::Recovered,
+            5 => ProxyEvent::RecoveryFailed,
+            _ => return None,
+        })
+    }
+}
+
+/// Counters the forwarding threads keep; read by the supervisor for logs and status.
+#[derive(Debug, Default)]
+pub struct ProxyStats {
+    pub requests: AtomicU64,
+    pub replies: AtomicU64,
+    pub notifications: AtomicU64,
+    /// Driver messages refused by validation.
+    pub refused: AtomicU64,
+    /// Requests sent again to a new driver, or settled by looking at its state.
+    pub resent: AtomicU64,
+    /// Requests answered by rebound while no driver could (shadow answers).
+    pub shadowed: AtomicU64,
+    /// Requests that failed with `EIO` because their object did not survive a restart.
+    pub lost_uses: AtomicU64,
+}
+
+/// The channel pair a driver gets in place of `/dev/fuse`: rebound's end and the driver's.
+pub struct Channel {
+    pub ours: OwnedFd,
+    pub theirs: OwnedFd,
+}
+
+impl Channel {
+    pub fn new() -> io::Result<Channel> {
+        use rustix::net::{socketpair, sockopt, AddressFamily, SocketFlags, SocketType};
+        let (ours, theirs) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        for fd in [&ours, &theirs] {
+            // A datagram larger than the send buffer is refused (EMSGSIZE), so the buffers
+            // must exceed the largest message. The _FORCE variants need CAP_NET_ADMIN and
+            // ignore `net.core.wmem_max`.
+            sockopt::set_socket_send_buffer_size_force(fd, SOCKET_BUFFER)
+                .or_else(|_| sockopt::set_socket_send_buffer_size(fd, SOCKET_BUFFER))?;
+            sockopt::set_socket_recv_buffer_size_force(fd, SOCKET_BUFFER)
+                .or_else(|_| sockopt::set_socket_recv_buffer_size(fd, SOCKET_BUFFER))?;
+        }
+        Ok(Channel { ours, theirs })
+    }
+}
+
+/// The state of the driver side.
+enum Link {
+    /// Requests go to `driver`, the `generation`-th driver since the mount.
+    Serving {
+        driver: Arc<OwnedFd>,
+        generation: u64,
+    },
+    /// The driver failed: requests are parked until a new one is restored. Once a new driver
+    /// is attached, its replies (to rebound's own requests, then to resent ones) flow.
+    Recovering {
+        attached: Option<(Arc<OwnedFd>, u64)>,
+    },
+    /// No driver will come back for now: requests fail with `EIO`.
+    Failed,
+}
+
+impl Link {
+    /// The driver whose messages are accepted now.
+    fn current(&self) -> Option<(&Arc<OwnedFd>, u64)> {
+        match self {
+            Link::Serving { driver, generation } => Some((driver, *generation)),
+            Link::Recovering {
+                attached: Some((driver, generation)),
+            } => Some((driver, *generation)),
+            _ => None,
+        }
+    }
+}
+
+/// Timing of the recovery under way, from detection to the first request served.
+#[derive(Default)]
+struct RecoveryClock {
+    detected: Option<Instant>,
+    awaiting_first_reply: bool,
+    latencies: Vec<f64>,
+}
+
+/// A running proxy between one kernel connection and a driver.
+pub struct Proxy {
+    pub stats: Arc<ProxyStats>,
+    shared: Arc<Shared>,
+    /// Reused by [`Proxy::deliver_spliced`], so a splice allocates nothing.
+    splice_buffer: Mutex<Vec<u8>>,
+}
+
+struct Shared {
+    /// rebound's `/dev/fuse` descriptors: the one it mounted with and its clones, each read by
+    /// its own thread. A reply must go back on the descriptor that read its request.
+    queues: Vec<OwnedFd>,
+    link: RwLock<Link>,
+    generations: AtomicU64,
+    inflight: InflightTable,
+    objects: Mutex<ObjectTable>,
+    /// Negotiated protocol minor version; 0 until INIT completes.
+    minor: AtomicU32,
+    stats: Arc<ProxyStats>,
+    events: UnixStream,
+    refusal_log: LogBudget,
+    buffers: BufferPool,
+    /// The kernel's INIT request as the first driver got it, replayed to every new one.
+    init: Mutex<Option<Vec<u8>>>,
+    calls: PrivateCalls,
+    /// The body of the latest GETATTR reply for the root, answered in the driver's place
+    /// while it restarts (its own mount(2) stats the mount point).
+    root_attr: Mutex<Option<Vec<u8>>>,
+    clock: Mutex<RecoveryClock>,
+    /// Why the driver was last refused, for the failure report.
+    misbehaviour: Mutex<Option<String>>,
+    /// The generation whose misbehaviour was reported, plus one (0: none).
+    misbehaviour_reported: AtomicU64,
+    restored: Mutex<Option<Result<Restored, String>>>,
+}
+
+const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
+
+/// A per-second budget of log lines, shared between threads without a lock.
+struct LogBudget {
+    start: Instant,
+    /// Second (since `start`) of the current window in the high half, lines used in the low.
+    window: AtomicU64,
+    per_second: u32,
+}
+
+impl LogBudget {
+    fn new(per_second: u32) -> Self {
+        LogBudget {
+            start: Instant::now(),
+            window: AtomicU64::new(0),
+            per_second,
+        }
+    }
+
+    fn allow(&self) -> bool {
+        let now = self.start.elapsed().as_secs();
+        let mut current = self.window.load(Ordering::Relaxed);
+        loop {
+            let (second, used) = (current >> 32, current & 0xffff_ffff);
+            let next = if second == now {
+                if used >= u64::from(self.per_second) {
+                    return false;
+                }
+                current + 1
+            } else {
+                (now << 32) | 1
+            };
+            match self.window.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+}
+
+/// Read buffers of `BUFFER_SIZE`, recycled so that large requests waiting for their reply
+/// do not cost an allocation each.
+#[derive(Default)]
+struct BufferPool {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+impl BufferPool {
+    const KEEP: usize = 16;
+
+    fn take(&self) -> Vec<u8> {
+        let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        free.unwrap_or_else(|| vec![0; BUFFER_SIZE])
+    }
+
+    fn give(&self, buf: Vec<u8>) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if buf.len() == BUFFER_SIZE && free.len() < Self::KEEP {
+            free.push(buf);
+        }
+    }
+
+    /// Keeps the request in `buf[..len]` for as long as it is in flight: a small one is
+    /// copied, a large one takes the buffer (which is replaced).
+    fn keep(&self, buf: &mut Vec<u8>, len: usize, patches: Patches) -> RequestBytes {
+        let bytes = if len <= SMALL_REQUEST {
+            buf[..len].to_vec()
+        } else {
+            std::mem::replace(buf, self.take())
+        };
+        RequestBytes {
+            buf: Arc::new(bytes),
+            len,
+            patches,
+        }
+    }
+
+    fn recycle(&self, request: RequestBytes) {
+        if let Ok(buf) = Arc::try_unwrap(request.buf) {
+            self.give(buf);
+        }
+    }
+}
+
+impl Shared {
+    fn objects(&self) -> MutexGuard<'_, ObjectTable> {
+        // Every update is applied whole under the lock, so a poisoned table is still usable.
+        self.objects.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn link(&self) -> RwLockReadGuard<'_, Link> {
+        self.link.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn report(&self, event: ProxyEvent) {
+        use std::io::Write;
+        // The supervisor polls the other end; if it is gone, so is everything else.
+        let _ = (&self.events).write_all(&[event as u8]);
+    }
+
+    fn minor(&self) -> u32 {
+        self.minor.load(Ordering::Relaxed)
+    }
+}
+
+impl Proxy {
+    /// Starts forwarding between `kernel` (rebound's `/dev/fuse`) and `driver` (rebound's end
+    /// of the first driver's channel), with one kernel queue per CPU (up to four). Events are
+    /// written to `events` as single bytes.
+    pub fn start(kernel: OwnedFd, driver: OwnedFd, events: UnixStream) -> io::Result<Proxy> {
+        let wanted = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+        let mut queues = vec![kernel];
+        while queues.len() < wanted {
+            match rebound_sys::fuse_dev::clone_connection(queues[0].as_fd()) {
+                Ok(clone) => queues.push(clone),
+                Err(e) => {
+                    tracing::debug!("staying with {} kernel queue(s): {e}", queues.len());
+                    break;
+                }
+            }
+        }
+        let stats = Arc::new(ProxyStats::default());
+        let driver = Arc::new(driver);
+        let shared = Arc::new(Shared {
+            queues,
+            link: RwLock::new(Link::Serving {
+                driver: driver.clone(),
+                generation: 0,
+            }),
+            generations: AtomicU64::new(0),
+            inflight: InflightTable::new(),
+            objects: Mutex::new(ObjectTable::new()),
+            minor: AtomicU32::new(0),
+            stats: stats.clone(),
+            events,
+            refusal_log: LogBudget::new(REFUSALS_LOGGED_PER_SECOND),
+            buffers: BufferPool::default(),
+            init: Mutex::new(None),
+            calls: PrivateCalls::default(),
+            root_attr: Mutex::new(None),
+            clock: Mutex::new(RecoveryClock::default()),
+            misbehaviour: Mutex::new(None),
+            misbehaviour_reported: AtomicU64::new(0),
+            restored: Mutex::new(None),
+        });
+        // The threads run for as long as rebound does: they end when either side closes.
+        for queue in 0..shared.queues.len() {
+            let down = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("kernel-queue-{queue}"))
+                .spawn(move || kernel_to_driver(&down, queue))?;
+        }
+        spawn_driver_reader(&shared, driver, 0)?;
+        Ok(Proxy {
+            stats,
+            shared,
+            splice_buffer: Mutex::new(vec![0u8; BUFFER_SIZE]),
+        })
+    }
+
+    /// How many nodes and open handles the kernel holds through the driver.
+    pub fn held_objects(&self) -> (usize, usize) {
+        held_objects(&self.shared)
+    }
+
+    /// A reader of [`Proxy::held_objects`] that other threads can keep.
+    pub fn held_objects_reader(&self) -> impl Fn() -> (usize, usize) + Send + 'static {
+        let shared = self.shared.clone();
+        move || held_objects(&shared)
+    }
+
+    /// Tells the current driver its connection is over: its reads on the channel return 0
+    /// from now on, as reads of `/dev/fuse` fail once a mount is gone. Drivers that wait for
+    /// their reader threads before exiting (go-fuse) need this.
+    pub fn disconnect_driver(&self) {
+        if let Some((driver, _)) = self.shared.link().current() {
+            let _ = rustix::net::shutdown(&**driver, rustix::net::Shutdown::Both);
+        }
+    }
+
+    /// The driver failed (`cause` says how): from now on requests wait for its successor, and
+    /// the failed driver's messages are ignored. Returns false if recovery was already under
+    /// way.
+    pub fn driver_failed(&self) -> bool {
+        let mut link = self.shared.link.write().unwrap_or_else(|e| e.into_inner());
+        if let Some((driver, _)) = link.current() {
+            // Unblocks a forwarding thread stuck sending to a driver that stopped reading.
+            let _ = rustix::net::shutdown(&**driver, rustix::net::Shutdown::Both);
+        }
+        let was_serving = matches!(*link, Link::Serving { .. });
+        *link = Link::Recovering { attached: None };
+        drop(link);
+        self.shared.calls.clear_probe();
+        let mut clock = self.shared.clock.lock().unwrap_or_else(|e| e.into_inner());
+        if clock.detected.is_none() || was_serving {
+            clock.detected = Some(Instant::now());
+            clock.awaiting_first_reply = false;
+        }
+        was_serving
+    }
+
+    /// Hands the proxy a new driver's channel: it is brought up to the old driver's state on a
+    /// thread of its own, which reports [`ProxyEvent::Recovered`] or
+    /// [`ProxyEvent::RecoveryFailed`]. `timeout` bounds each of rebound's requests to it.
+    pub fn attach_driver(&self, channel: OwnedFd, timeout: Duration) -> io::Result<()> {
+        let shared = &self.shared;
+        let generation = shared.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        let driver = Arc::new(channel);
+        *shared.link.write().unwrap_or_else(|e| e.into_inner()) = Link::Recovering {
+            attached: Some((driver.clone(), generation)),
+        };
+        spawn_driver_reader(shared, driver.clone(), generation)?;
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("recovery".into())
+            .spawn(move || {
+                let outcome = recovery::restore(&shared, &driver, generation, timeout);
+                let event = if outcome.is_ok() {
+                    ProxyEvent::Recovered
+                } else {
+                    ProxyEvent::RecoveryFailed
+                };
+                *shared.restored.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+                shared.report(event);
+            })?;
+        Ok(())
+    }
+
+    /// What the latest recovery restored, or why it failed.
+    pub fn take_restored(&self) -> Option<Result<Restored, String>> {
+        self.shared
+            .restored
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// No driver is coming back for now: every waiting request and every new one fails with
+    /// `EIO`, and the mount stays.
+    pub fn fail_requests(&self) {
+        *self.shared.link.write().unwrap_or_else(|e| e.into_inner()) = Link::Failed;
+        for (unique, request) in self.shared.inflight.take_all() {
+            answer_in_drivers_place(&self.shared, unique, request.queue.into(), Errno::IO);
+        }
+    }
+
+    /// Why the driver's last refused message was refused.
+    pub fn misbehaviour(&self) -> Option<String> {
+        self.shared
+            .misbehaviour
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Whether the serving driver still answers: `Some(cause)` if a request waited longer than
+    /// `request_timeout` or a liveness probe longer than `probe_timeout`. Sends a probe when
+    /// a request has waited a second and none is out.
+    pub fn check_liveness(
+        &self,
+        request_timeout: Duration,
+        probe_timeout: Duration,
+    ) -> Option<String> {
+        let shared = &self.shared;
+        let driver = match &*shared.link() {
+            Link::Serving { driver, .. } => driver.clone(),
+            _ => return None,
+        };
+        let now = Instant::now();
+        if let Some(since) = shared.calls.probe_waiting_since() {
+            let waited = now.duration_since(since);
+            if waited >= probe_timeout {
+                return Some(format!(
+                    "hang: liveness probe unanswered for {} ms",
+                    waited.as_millis()
+                ));
+            }
+        }
+        let oldest = shared.inflight.oldest_sent()?;
+        let waited = now.duration_since(oldest);
+        if waited >= request_timeout {
+            return Some(format!(
+                "hang: a request unanswered for {} ms",
+                waited.as_millis()
+            ));
+        }
+        if waited >= Duration::from_secs(1).min(probe_timeout / 2) {
+            shared.calls.probe(&driver, |unique| {
+                fuse_wire::ids::getattr_request(unique, ROOT_ID)
+            });
+        }
+        None
+    }
+
+    /// Recovery latencies measured since the last call, in milliseconds.
+    pub fn take_recovery_latencies(&self) -> Vec<f64> {
+        std::mem::take(
+            &mut self
+                .shared
+                .clock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .latencies,
+        )
+    }
+
+    /// Performs a driver's `splice(pipe -> channel, len)`: reads what the pipe holds (up to
+    /// `len` bytes) as one message and delivers it with the same checks as a `write(2)`.
+    /// A socket would cut a spliced message into datagrams of 16 pipe buffers each, which
+    /// other threads' replies could interleave; doing the splice here keeps it whole.
+    /// Returns the number of bytes taken from the pipe.
+    pub fn deliver_spliced(&self, pipe: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+        let mut buf = self.splice_buffer.lock().unwrap_or_else(|e| e.into_inner());
+        let want = len.min(buf.len());
+        let mut got = 0;
+        // One message may sit in several pipe buffers; read until `len` or the pipe is empty.
+        while got < want {
+            let ready = rustix::event::poll(
+                &mut [rustix::event::PollFd::new(
+                    &pipe,
+                    rustix::event::PollFlags::IN,
+                )],
+                Some(&rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                }),
+            )?;
+            if ready == 0 {
+                break;
+            }
+            match rustix::io::read(pipe, &mut buf[got..want]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if got == 0 {
+            return Err(Errno::AGAIN.into());
+        }
+        // Only the current driver splices into the channel rebound knows it by.
+        let generation = self.shared.link().current().map_or(0, |(_, g)| g);
+        deliver_driver_message(&self.shared, &mut buf[..got], generation);
+        Ok(got)
+    }
+}
+
+fn held_objects(shared: &Shared) -> (usize, usize) {
+    let objects = shared.objects();
+    (objects.node_count(), objects.handle_count())
+}
+
+fn spawn_driver_reader(
+    shared: &Arc<Shared>,
+    driver: Arc<OwnedFd>,
+    generation: u64,
+) -> io::Result<()> {
+    let up = shared.clone();
+    std::thread::Builder::new()
+        .name(format!("driver-{generation}"))
+        .spawn(move || driver_to_kernel(&up, &driver, generation))?;
+    Ok(())
+}
+
+fn kernel_to_driver(shared: &Shared, queue: usize) {
+    let kernel = &shared.queues[queue];
+    let mut buf = shared.buffers.take();
+    loop {
+        let len = match rustix::io::read(kernel, &mut buf[..]) {
+            Ok(len) => len,
+            // ENOENT: the request was interrupted before it could be read.
+            Err(Errno::INTR | Errno::NOENT | Errno::AGAIN) => continue,
+            Err(Errno::NODEV) => return shared.report(ProxyEvent::KernelGone),
+            Err(e) => {
+                tracing::error!("reading /dev/fuse: {e}");
+                return shared.report(ProxyEvent::KernelGone);
+            }
+        };
+        on_request(shared, queue, &mut buf, len);
+    }
+}
+
+/// What the kernel-side threads need of a request once its bytes are handed on.
+struct RequestInfo {
+    header: InHeader,
+    opcode: Option<Opcode>,
+    shape: ReplyShape,
+    change: PendingChange,
+    fields: fuse_wire::ids::IdFields,
+    /// RELEASE/RELEASEDIR: the handle and whether it is a directory's.
+    release: Option<(u64, bool)>,
+}
+
+impl RequestInfo {
+    fn of(msg: &[u8]) -> Result<RequestInfo, fuse_wire::WireError> {
+        let req = Request::parse(msg)?;
+        let change = req.change();
+        let release = match change {
+            fuse_wire::Change::Release { fh, dir, .. } => Some((fh, dir)),
+            _ => None,
+        };
+        Ok(RequestInfo {
+            header: req.header,
+            opcode: req.opcode,
+            shape: req.reply_shape(),
+            change: PendingChange::of(change),
+            fields: req.id_fields(),
+            release,
+        })
+    }
+}
+
+/// Handles one request read from the kernel into `buf[..len]`. A large request that must wait
+/// for its reply takes `buf` with it (a fresh one takes its place).
+fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
+    let msg = &mut buf[..len];
+    let info = match RequestInfo::of(msg) {
+        Ok(info) => info,
+        Err(e) => {
+            tracing::error!("unparsable request from the kernel: {e}");
+            return;
+        }
+    };
+    let unique = info.header.unique;
+    match info.opcode {
+        Some(Opcode::Forget | Opcode::BatchForget) => return forward_forgets(shared, msg),
+        // Only the driver that has the interrupted request can act on it.
+        Some(Opcode::Interrupt) => {
+            if let Link::Serving { driver, .. } = &*shared.link() {
+                let _ = rustix::net::send(&**driver, msg, SendFlags::NOSIGNAL);
+            }
+            return;
+        }
+        Some(Opcode::Init) => {
+            fuse_wire::mask_init_request(msg);
+            *shared.init.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg.to_vec());
+        }
+        _ => {}
+    }
+    // RELEASE lets go of the handle at once, whatever the driver answers.
+    let released = info
+        .release
+        .map(|(fh, dir)| shared.objects().release(fh, dir));
+    if released == Some(ToDriver::Lost) {
+        // The handle died with an earlier driver; there is nothing left to close.
+        return answer_ok(shared, unique, queue);
+    }
+
+    let link = shared.link();
+    let (driver, generation) = match &*link {
+        Link::Failed => {
+            drop(link);
+            return answer_in_drivers_place(shared, unique, queue, Errno::IO);
+        }
+        Link::Recovering { .. } => {
+            if released.is_some() {
+                // The old driver's handle went with it.
+                drop(link);
+                return answer_ok(shared, unique, queue);
+            }
+            if shadow_answer(shared, &info, queue) {
+                return;
+            }
+            // Parked: sent to the new driver once it holds what the kernel holds.
+            let request = shared.buffers.keep(buf, len, Patches::default());
+            shared
+                .inflight
+                .insert(unique, inflight_entry(&info, queue, request, None));
+            return;
+        }
+        Link::Serving { driver, generation } => (driver.clone(), *generation),
+    };
+    let mut patches = match shared.objects().to_driver(msg, info.fields) {
+        Ok(patches) => patches,
+        Err(tracker::LostObject) => {
+            drop(link);
+            shared.stats.lost_uses.fetch_add(1, Ordering::Relaxed);
+            return answer_in_drivers_place(shared, unique, queue, Errno::IO);
+        }
+    };
+    if let Some(ToDriver::Mapped(driver_fh)) = released {
+        // `fh` is the first field of fuse_release_in.
+        if let Some(fh) = read_u64(msg, size::IN_HEADER) {
+            if fh != driver_fh && write_u64(msg, size::IN_HEADER, driver_fh) {
+                patches.push(size::IN_HEADER, fh);
+            }
+        }
+    }
+    shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+    if info.shape == ReplyShape::NoReply {
+        drop(link);
+        let _ = rustix::net::send(&*driver, msg, SendFlags::NOSIGNAL);
+        return;
+    }
+    let request = shared.buffers.keep(buf, len, patches);
+    let bytes = request.buf.clone();
+    // In the table before the driver can answer; under the link lock, so that a recovery
+    // starting now sees it and sends it again.
+    shared.inflight.insert(
+        unique,
+        inflight_entry(&info, queue, request, Some((generation, Instant::now()))),
+    );
+    drop(link);
+    match rustix::net::send(&*driver, &bytes[..len], SendFlags::NOSIGNAL) {
+        Ok(_) => {}
+        // The driver is gone: the request stays in flight for its successor.
+        Err(Errno::PIPE | Errno::CONNRESET) => {}
+        Err(e) => {
+            tracing::error!("sending request {unique} to the driver: {e}");
+            if shared.inflight.take(unique).is_some() {
+                answer_in_drivers_place(shared, unique, queue, Errno::IO);
+            }
+        }
+    }
+}
+
+fn inflight_entry(
+    info: &RequestInfo,
+    queue: usize,
+    request: RequestBytes,
+    sent: Option<(u64, Instant)>,
+) -> Inflight {
+    Inflight {
+        opcode: info.header.opcode,
+        shape: info.shape,
+        change: info.change.clone(),
+        queue: queue as u8,
+        request,
+        sent,
+    }
+}
+
+/// While no driver serves, answers the requests a restarting driver makes itself before it
+/// can serve: its `mount(2)` (or fusermount's) stats the mount point and checks access to
+/// it, which are requests to this very mount. GETATTR of the root gets the latest attributes
+/// a driver gave; ACCESS from the driver's own processes is granted.
+fn shadow_answer(shared: &Shared, info: &RequestInfo, queue: usize) -> bool {
+    let unique = info.header.unique;
+    let answered = match info.opcode {
+        Some(Opcode::Getattr) if info.header.nodeid == ROOT_ID => {
+            let attr = shared
+                .root_attr
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            match attr {
+                Some(attr) => {
+                    answer_with(shared, unique, queue, &attr);
+                    true
+                }
+                None => false,
+            }
+        }
+        Some(Opcode::Access) if is_ours(info.header.pid) => {
+            answer_ok(shared, unique, queue);
+            true
+        }
+        _ => false,
+    };
+    if answered {
+        shared.stats.shadowed.fetch_add(1, Ordering::Relaxed);
+    }
+    answered
+}
+
+/// Whether `pid` is rebound or one of its descendants (a driver process, or its fusermount).
+fn is_ours(pid: u32) -> bool {
+    let me = std::process::id();
+    let mut at = pid;
+    for _ in 0..64 {
+        if at == me {
+            return true;
+        }
+        if at <= 1 {
+            return false;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{at}/stat")) else {
+            return false;
+        };
+        // The command may contain anything; the fields after its closing parenthesis do not.
+        let parent = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok());
+        match parent {
+            Some(parent) => at = parent,
+            None => return false,
+        }
+    }
+    false
+}
+
+/// FORGET and BATCH_FORGET: the kernel's counts drop at once; the driver hears what it must
+/// (see [`ObjectTable::forget`]), in its own ids, or nothing at all.
+fn forward_forgets(shared: &Shared, msg: &mut [u8]) {
+    let link = shared.link();
+    let driver = link.current().map(|(driver, _)| driver.clone());
+    drop(link);
+    let len = {
+        let mut objects = shared.objects();
+        match InHeader::read_from_prefix(msg) {
+            Ok((header, _)) if header.opcode == Opcode::Forget as u32 => {
+                let count = read_u64(msg, size::IN_HEADER).unwrap_or(0);
+                match objects.forget(header.nodeid, count) {
+                    DriverForget::Send { node, count } => {
+                        write_u64(msg, NODEID_AT, node);
+                        write_u64(msg, size::IN_HEADER, count);
+                        msg.len()
+                    }
+                    DriverForget::Nothing => 0,
+                }
+            }
+            Ok(_) => {
+                let entries: Vec<_> = fuse_wire::ids::batch_forget_entries(msg).collect();
+                let first = size::IN_HEADER + 8;
+                let mut end = first;
+                for entry in entries {
+                    if let DriverForget::Send { node, count } =
+                        objects.forget(entry.node, entry.nlookup)
+                    {
+                        write_u64(msg, end, node);
+                        write_u64(msg, end + 8, count);
+                        end += 16;
+                    }
+                }
+                let kept = ((end - first) / 16) as u32;
+                msg[size::IN_HEADER..size::IN_HEADER + 4].copy_from_slice(&kept.to_ne_bytes());
+                msg[..4].copy_from_slice(&(end as u32).to_ne_bytes());
+                if kept == 0 {
+                    0
+                } else {
+                    end
+                }
+            }
+            Err(_) => 0,
+        }
+    };
+    if let (Some(driver), true) = (driver, len > 0) {
+        let _ = rustix::net::send(&*driver, &msg[..len], SendFlags::NOSIGNAL);
+    }
+}
+
+fn driver_to_kernel(shared: &Shared, driver: &OwnedFd, generation: u64) {
+    let mut buf = vec![0u8; BUFFER_SIZE];
+    loop {
+        // TRUNC makes recv return the real length of an oversized message, so it is refused
+        // instead of being forwarded cut short.
+        let len = match rustix::net::recv(driver, &mut buf[..], RecvFlags::TRUNC) {
+            // ECONNRESET: the driver closed its end with requests still unread.
+            Ok((0, _)) | Err(Errno::CONNRESET) => break,
+            Ok((len, _)) => len,
+            Err(Errno::INTR | Errno::AGAIN) => continue,
+            Err(e) => {
+                tracing::error!("reading from the driver: {e}");
+                break;
+            }
+        };
+        if len > buf.len() {
+            refuse(
+                shared,
+                generation,
+                None,
+                &format!("message of {len} bytes exceeds the channel"),
+            );
+            continue;
+        }
+        deliver_driver_message(shared, &mut buf[..len], generation);
+    }
+    if shared
+        .link()
+        .current()
+        .is_some_and(|(_, g)| g == generation)
+    {
+        shared.report(ProxyEvent::DriverGone);
+    }
+}
+
+/// Checks one whole message of driver `generation` and, if it passes, forwards it to the
+/// kernel in the kernel's ids.
+fn deliver_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) {
+    let Ok((header, _)) = OutHeader::read_from_prefix(msg) else {
+        return refuse(shared, generation, None, "message shorter than its header");
+    };
+    if private::is_private(header.unique) {
+        let probe = shared.calls.deliver(header.unique, msg);
+        if probe && header.error == 0 && msg.len() == size::OUT_HEADER + size::ATTR_OUT {
+            cache_root_attr(shared, &msg[size::OUT_HEADER..]);
+        }
+        return;
+    }
+    // Held while the message is checked, committed and written, so that a recovery cannot
+    // start in between: a failed driver's last words never reach the kernel.
+    let link = shared.link();
+    if link.current().is_none_or(|(_, g)| g != generation) {
+        return;
+    }
+    let Some(reply_to) = check_driver_message(shared, msg, generation) else {
+        return;
+    };
+    if reply_to.is_init {
+        match fuse_wire::fix_init_reply(msg, MAX_WRITE) {
+            Ok(init) => {
+                shared.minor.store(init.minor, Ordering::Relaxed);
+                tracing::info!(
+                    "driver speaks FUSE 7.{}, max_write {} bytes",
+                    init.minor,
+                    init.max_write
+                );
+            }
+            Err(e) => {
+                drop(link);
+                return refuse(
+                    shared,
+                    generation,
+                    reply_to.request.map(|r| (reply_to.unique, r)),
+                    &format!("INIT reply: {e}"),
+                );
+            }
+        }
+    }
+    write_to_kernel(shared, reply_to.queue, msg);
+    if reply_to.is_init {
+        // The root's attributes, for the shadow answers of a later recovery.
+        if let Some((driver, _)) = link.current() {
+            shared.calls.probe(driver, |unique| {
+                fuse_wire::ids::getattr_request(unique, ROOT_ID)
+            });
+        }
+    }
+    drop(link);
+    if let Some(request) = reply_to.request {
+        first_reply_served(shared);
+        shared.buffers.recycle(request.request);
+    }
+}
+
+fn cache_root_attr(shared: &Shared, attr: &[u8]) {
+    *shared.root_attr.lock().unwrap_or_else(|e| e.into_inner()) = Some(attr.to_vec());
+}
+
+/// Ends the latency measurement of a recovery at the first request the new driver serves.
+fn first_reply_served(shared: &Shared) {
+    let mut clock = shared.clock.lock().unwrap_or_else(|e| e.into_inner());
+    if clock.awaiting_first_reply {
+        clock.awaiting_first_reply = false;
+        if let Some(detected) = clock.detected.take() {
+            let ms = detected.elapsed().as_secs_f64() * 1000.0;
+            clock.latencies.push(ms);
+        }
+    }
+}
+
+/// What a driver message that passed the checks answers.
+struct ReplyTo {
+    unique: u64,
+    /// A successful reply to INIT, which rebound rewrites before forwarding.
+    is_init: bool,
+    /// The kernel queue that read the request (0 for notifications).
+    queue: usize,
+    /// The request it answers (none for notifications and INTERRUPT replies).
+    request: Option<Inflight>,
+}
+
+/// Applies the wrapper checks to one driver message and translates its ids to the kernel's.
+/// Returns where it goes if it may be forwarded.
+fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Option<ReplyTo> {
+    let (unique, error, notification) = match DriverMessage::parse(msg) {
+        Ok(parsed) if parsed.is_notification() => {
+            let checked = parsed.validate_notification();
+            (parsed.header.unique, parsed.header.error, Some(checked))
+        }
+        Ok(parsed) => (parsed.header.unique, parsed.header.error, None),
+        Err(e) => {
+            refuse(shared, generation, None, &format!("malformed message: {e}"));
+            return None;
+        }
+    };
+    if let Some(checked) = notification {
+        return match checked {
+            Ok(code) => {
+                if !notification_to_kernel(shared, code, msg) {
+                    // About nodes the kernel does not hold: nothing to tell it.
+                    return None;
+                }
+                shared.stats.notifications.fetch_add(1, Ordering::Relaxed);
+                Some(ReplyTo {
+                    unique,
+                    is_init: false,
+                    queue: 0,
+                    request: None,
+                })
+            }
+            Err(e) => {
+                refuse(shared, generation, None, &format!("notification: {e}"));
+                None
+            }
+        };
+    }
+    if unique & abi::INT_REQ_BIT != 0 {
+        let checked = DriverMessage::parse(msg)
+            .and_then(|parsed| parsed.validate_reply(ReplyShape::ErrorOnly, 0));
+        return match checked {
+            // The interrupted request, if still in flight, says which queue read it.
+            Ok(()) => Some(ReplyTo {
+                unique,
+                is_init: false,
+                queue: shared
+                    .inflight
+                    .queue_of(unique & !abi::INT_REQ_BIT)
+                    .map_or(0, usize::from),
+                request: None,
+            }),
+            Err(e) => {
+                refuse(
+                    shared,
+                    generation,
+                    None,
+                    &format!("reply to INTERRUPT {unique:#x}: {e}"),
+                );
+                None
+            }
+        };
+    }
+    let Some(request) = shared.inflight.take(unique) else {
+        refuse(
+            shared,
+            generation,
+            None,
+            &format!("reply to request {unique}, which is not in flight"),
+        );
+        return None;
+    };
+    let checked = DriverMessage::parse(msg)
+        .and_then(|parsed| parsed.validate_reply(request.shape, shared.minor()));
+    if let Err(e) = checked {
+        let op = Opcode::from_raw(request.opcode)
+            .map_or_else(|| request.opcode.to_string(), |op| format!("{op:?}"));
+        refuse(
+            shared,
+            generation,
+            Some((unique, request)),
+            &format!("reply to {op} request {unique}: {e}"),
+        );
+        return None;
+    }
+    shared.stats.replies.fetch_add(1, Ordering::Relaxed);
+    let body = &mut msg[size::OUT_HEADER..];
+    if error == 0 {
+        // Committed before the kernel sees the reply, so that a FORGET the reply makes
+        // possible can never arrive first; the ids in the reply become the kernel's.
+        if request.change != PendingChange::None {
+            shared.objects().on_success(request.change.clone(), body);
+        }
+        if request.opcode == Opcode::Getattr as u32
+            && read_u64(request.request.bytes(), NODEID_AT) == Some(ROOT_ID)
+        {
+            cache_root_attr(shared, body);
+        }
+    }
+    Some(ReplyTo {
+        unique,
+        is_init: request.opcode == Opcode::Init as u32 && error == 0,
+        queue: usize::from(request.queue),
+        request: Some(request),
+    })
+}
+
+/// Rewrites the node ids of a checked notification to the kernel's. Returns false if it names
+/// a node the kernel does not hold.
+fn notification_to_kernel(shared: &Shared, code: fuse_wire::NotifyCode, msg: &mut [u8]) -> bool {
+    let objects = shared.objects();
+    let mut known = true;
+    let mut fields = Vec::new();
+    fuse_wire::ids::for_each_notification_id(code, msg, |field| fields.push(field.at()));
+    for at in fields {
+        match read_u64(msg, at).and_then(|driver| objects.node_from_driver(driver)) {
+            Some(node) => {
+                write_u64(msg, at, node);
+            }
+            None => known = false,
+        }
+    }
+    known
+}
+
+/// Logs a refused driver message and reports the driver as failed: a driver that sends
+/// garbage is not trusted with the next request. A request it answered badly is parked for
+/// the driver that replaces it. At most `REFUSALS_LOGGED_PER_SECOND` lines are logged each
+/// second; the count in the stats is complete.
+fn refuse(shared: &Shared, generation: u64, request: Option<(u64, Inflight)>, why: &str) {
+    let total = shared.stats.refused.fetch_add(1, Ordering::Relaxed) + 1;
+    if shared.refusal_log.allow() {
+        tracing::warn!("refused driver message: {why}");
+    } else {
+        tracing::debug!("refused driver message ({total} in all): {why}");
+    }
+    if let Some((unique, mut request)) = request {
+        request.sent = None;
+        shared.inflight.insert(unique, request);
+    }
+    if shared
+        .misbehaviour_reported
+        .swap(generation + 1, Ordering::Relaxed)
+        != generation + 1
+    {
+        *shared
+            .misbehaviour
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+        shared.report(ProxyEvent::DriverMisbehaved);
+    }
+}
+
+/// Answers a request with success and no data, in the driver's place.
+fn answer_ok(shared: &Shared, unique: u64, queue: usize) {
+    write_to_kernel(shared, queue, &fuse_wire::error_reply(unique, 0));
+}
+
+/// Answers a request with success and `body`, in the driver's place.
+fn answer_with(shared: &Shared, unique: u64, queue: usize, body: &[u8]) {
+    let mut reply = fuse_wire::error_reply(unique, 0).to_vec();
+    reply.extend_from_slice(body);
+    let len = reply.len() as u32;
+    reply[..4].copy_from_slice(&len.to_ne_bytes());
+    write_to_kernel(shared, queue, &reply);
+}
+
+fn answer_in_drivers_place(shared: &Shared, unique: u64, queue: usize, errno: Errno) {
+    let reply = fuse_wire::error_reply(unique, errno.raw_os_error());
+    write_to_kernel(shared, queue, &reply);
+}
+
+fn write_to_kernel(shared: &Shared, queue: usize, msg: &[u8]) {
+    let kernel = shared.queues.get(queue).unwrap_or(&shared.queues[0]);
+    match rustix::io::write(kernel.as_fd(), msg) {
+        Ok(_) => {}
+        // The request was interrupted and already completed: nobody waits for this reply.
+        Err(Errno::NOENT) => {}
+        Err(Errno::NODEV) => shared.report(ProxyEvent::KernelGone),
+        Err(e) => tracing::warn!("kernel refused a driver message: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogBudget;
+
+    #[test]
+    fn log_budget_allows_a_fixed_number_per_second() {
+        let budget = LogBudget::new(3);
+        let allowed = (0..10).filter(|_| budget.allow()).count();
+        // All ten calls fall in the same second unless the test straddles a boundary.
+        assert!((3..=6).contains(&allowed), "{allowed}");
+    }
+}

@@ -1,0 +1,145 @@
+//! rebound's own requests to the driver: the lookups and opens that restore a restarted
+//! driver, the replayed INIT, and liveness probes.
+//!
+//! Owns: the `unique` space of these requests (bit 62 set, even, so they can never be taken
+//! for the kernel's requests, which count up from 0, or for INTERRUPT replies, which are odd),
+//! and matching their replies to the caller waiting for each.
+//! Must not: forward anything to the kernel.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use rustix::net::SendFlags;
+
+const PRIVATE_BIT: u64 = 1 << 62;
+
+/// Whether a reply answers one of rebound's own requests.
+pub fn is_private(unique: u64) -> bool {
+    unique & PRIVATE_BIT != 0
+}
+
+/// rebound's own requests waiting for their replies.
+#[derive(Default)]
+pub struct PrivateCalls {
+    next: AtomicU64,
+    /// `None` until the reply arrives.
+    waiting: Mutex<HashMap<u64, Option<Vec<u8>>>>,
+    arrived: Condvar,
+    /// The liveness probe in flight, if any, and when it was sent.
+    probe: Mutex<Option<(u64, Instant)>>,
+}
+
+impl PrivateCalls {
+    pub fn next_unique(&self) -> u64 {
+        PRIVATE_BIT | (self.next.fetch_add(1, Ordering::Relaxed) << 1)
+    }
+
+    /// Sends `request` (built with `unique`) and waits for its reply, at most `timeout`.
+    pub fn call(
+        &self,
+        driver: &OwnedFd,
+        unique: u64,
+        request: &[u8],
+        timeout: Duration,
+    ) -> io::Result<Vec<u8>> {
+        self.lock().insert(unique, None);
+        if let Err(e) = rustix::net::send(driver, request, SendFlags::NOSIGNAL) {
+            self.lock().remove(&unique);
+            return Err(e.into());
+        }
+        let deadline = Instant::now() + timeout;
+        let mut waiting = self.lock();
+        loop {
+            if let Some(Some(_)) = waiting.get(&unique) {
+                return Ok(waiting.remove(&unique).flatten().unwrap_or_default());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                waiting.remove(&unique);
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the driver did not answer",
+                ));
+            }
+            waiting = self
+                .arrived
+                .wait_timeout(waiting, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Sends a request whose reply nobody waits for (FORGET takes none; a RELEASE's is
+    /// dropped on arrival).
+    pub fn send(&self, driver: &OwnedFd, request: &[u8]) -> io::Result<()> {
+        rustix::net::send(driver, request, SendFlags::NOSIGNAL)?;
+        Ok(())
+    }
+
+    /// Sends a liveness probe unless one is already out.
+    pub fn probe(&self, driver: &OwnedFd, build: impl FnOnce(u64) -> Vec<u8>) {
+        let mut probe = self.probe.lock().unwrap_or_else(|e| e.into_inner());
+        if probe.is_some() {
+            return;
+        }
+        let unique = self.next_unique();
+        if self.send(driver, &build(unique)).is_ok() {
+            *probe = Some((unique, Instant::now()));
+        }
+    }
+
+    /// Since when the liveness probe has been waiting for its reply.
+    pub fn probe_waiting_since(&self) -> Option<Instant> {
+        self.probe
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|(_, at)| at)
+    }
+
+    /// Forgets the probe (a new driver will get its own).
+    pub fn clear_probe(&self) {
+        *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Hands a reply to whoever waits for it; a late reply (its caller gave up) is dropped.
+    /// Returns true if it answered the liveness probe.
+    pub fn deliver(&self, unique: u64, reply: &[u8]) -> bool {
+        {
+            let mut probe = self.probe.lock().unwrap_or_else(|e| e.into_inner());
+            if probe.is_some_and(|(u, _)| u == unique) {
+                *probe = None;
+                return true;
+            }
+        }
+        let mut waiting = self.lock();
+        if let Some(slot) = waiting.get_mut(&unique) {
+            *slot = Some(reply.to_vec());
+            self.arrived.notify_all();
+        }
+        false
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Option<Vec<u8>>>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_ids_are_even_and_marked() {
+        let calls = PrivateCalls::default();
+        let a = calls.next_unique();
+        let b = calls.next_unique();
+        assert!(is_private(a) && is_private(b));
+        assert_ne!(a, b);
+        assert_eq!(a & fuse_wire::abi::INT_REQ_BIT, 0);
+        assert!(!is_private(2 * 1_000_000));
+    }
+}

@@ -1,0 +1,396 @@
+//! Shadow replay: bringing a freshly started driver to the state the kernel believes its
+//! predecessor had, then handing it the requests that were waiting.
+//!
+//! In order: replay the kernel's INIT; look every node the kernel holds up again by its path,
+//! parents first; reopen every open handle with its original flags (less `O_CREAT`, `O_EXCL`
+//! and `O_TRUNC`, which did their work the first time); then deal with every request the
+//! failed driver left unanswered. Requests that are safe to repeat are sent again. For those
+//! that change the namespace (CREATE, MKDIR, MKNOD, SYMLINK, LINK, UNLINK, RMDIR, RENAME), the
+//! new driver is first asked whether the change already happened, and if it did, the kernel
+//! gets the answer the first attempt would have given. Objects that cannot be found again are
+//! counted as lost: requests on them fail with `EIO`, and nothing else does.
+//!
+//! Owns: the restore sequence and the decision, per request, to repeat or to settle it.
+//! Must not: hold the object table's lock across a request to the driver.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fuse_wire::ids::{
+    forget_request, lookup_request, open_request, read_u64, release_request, write_u64,
+};
+use fuse_wire::{DriverMessage, Opcode, ReplyShape, Request};
+use rustix::io::Errno;
+use rustix::net::SendFlags;
+use tracker::{Inflight, PendingChange, ToDriver};
+
+use super::{answer_in_drivers_place, answer_ok, answer_with, Link, Shared};
+
+/// What a recovery restored.
+#[derive(Clone, Debug, Default)]
+pub struct Restored {
+    pub nodes: usize,
+    pub handles: usize,
+    /// Nodes and handles that could not be restored.
+    pub lost: usize,
+    /// Requests the failed driver left unanswered, repeated or settled.
+    pub resent: usize,
+    /// Time from the new driver's channel to serving.
+    pub restore_ms: f64,
+}
+
+/// Flags a handle is reopened with: what it was opened with, less what only makes sense once.
+fn reopen_flags(flags: u32) -> u32 {
+    use rustix::fs::OFlags;
+    flags & !(OFlags::CREATE | OFlags::EXCL | OFlags::TRUNC).bits()
+}
+
+/// A new driver and the means to talk to it.
+struct NewDriver<'a> {
+    shared: &'a Shared,
+    driver: &'a Arc<OwnedFd>,
+    generation: u64,
+    timeout: Duration,
+}
+
+/// Brings driver `generation`, reachable through `driver`, up to the kernel's state and makes
+/// it the serving driver.
+pub(super) fn restore(
+    shared: &Shared,
+    driver: &Arc<OwnedFd>,
+    generation: u64,
+    timeout: Duration,
+) -> Result<Restored, String> {
+    let started = Instant::now();
+    let new = NewDriver {
+        shared,
+        driver,
+        generation,
+        timeout,
+    };
+    new.replay_init()?;
+    let mut restored = Restored::default();
+    let plan = shared.objects().begin_generation();
+    restored.lost = plan.lost;
+    for (node, parent, name) in plan.nodes {
+        let ToDriver::Mapped(parent) = shared.objects().node_to_driver(parent) else {
+            restored.lost += 1;
+            continue;
+        };
+        match new
+            .lookup(parent, &name)
+            .map_err(|e| format!("restoring a node: {e}"))?
+        {
+            Some((driver_node, _)) => {
+                if shared.objects().restore_node(node, driver_node) {
+                    restored.nodes += 1;
+                } else {
+                    new.forget(driver_node);
+                }
+            }
+            None => restored.lost += 1,
+        }
+    }
+    for (fh, dir, node, flags) in plan.handles {
+        let ToDriver::Mapped(driver_node) = shared.objects().node_to_driver(node) else {
+            restored.lost += 1;
+            continue;
+        };
+        let opened = new
+            .open(driver_node, reopen_flags(flags), dir)
+            .map_err(|e| format!("reopening a handle: {e}"))?;
+        match opened {
+            Some(open_out) => {
+                let driver_fh = read_u64(&open_out, 0).unwrap_or(0);
+                if shared.objects().restore_handle(fh, dir, driver_fh) {
+                    restored.handles += 1;
+                } else {
+                    new.release(driver_node, driver_fh, flags, dir);
+                }
+            }
+            None => restored.lost += 1,
+        }
+    }
+    // The requests the failed driver left, settled or sent again while new ones park.
+    for (unique, request) in shared.inflight.take_not_sent_to(generation) {
+        restored.resent += 1;
+        new.settle(unique, request)
+            .map_err(|e| format!("resending requests: {e}"))?;
+    }
+    // Requests parked meanwhile go out, and the new driver takes over, in one step.
+    let mut link = shared.link.write().unwrap_or_else(|e| e.into_inner());
+    let parked = shared.inflight.take_not_sent_to(generation);
+    restored.resent += parked.len();
+    for (unique, request) in parked {
+        new.send_again(unique, request);
+    }
+    *link = Link::Serving {
+        driver: driver.clone(),
+        generation,
+    };
+    drop(link);
+    shared
+        .stats
+        .resent
+        .fetch_add(restored.resent as u64, Ordering::Relaxed);
+    {
+        let mut clock = shared.clock.lock().unwrap_or_else(|e| e.into_inner());
+        if restored.resent == 0 || shared.inflight.is_empty() {
+            // Nothing waits: the new driver is ready to serve now.
+            if let Some(detected) = clock.detected.take() {
+                let ms = detected.elapsed().as_secs_f64() * 1000.0;
+                clock.latencies.push(ms);
+            }
+        } else {
+            clock.awaiting_first_reply = true;
+        }
+    }
+    restored.restore_ms = started.elapsed().as_secs_f64() * 1000.0;
+    Ok(restored)
+}
+
+impl NewDriver<'_> {
+    /// Sends one of rebound's own requests and returns the reply's body, or the error the
+    /// driver answered with.
+    fn call(
+        &self,
+        build: impl FnOnce(u64) -> Vec<u8>,
+        shape: ReplyShape,
+    ) -> io::Result<Result<Vec<u8>, i32>> {
+        let calls = &self.shared.calls;
+        let unique = calls.next_unique();
+        let reply = calls.call(self.driver, unique, &build(unique), self.timeout)?;
+        let parsed = DriverMessage::parse(&reply)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        parsed
+            .validate_reply(shape, self.shared.minor())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        Ok(match parsed.header.error {
+            0 => Ok(parsed.body.to_vec()),
+            error => Err(-error),
+        })
+    }
+
+    fn replay_init(&self) -> Result<(), String> {
+        let init = self
+            .shared
+            .init
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or("no INIT to replay")?;
+        let reply = self
+            .call(
+                |unique| {
+                    let mut init = init;
+                    write_u64(&mut init, 8, unique);
+                    init
+                },
+                ReplyShape::Init,
+            )
+            .map_err(|e| format!("INIT: {e}"))?;
+        match reply {
+            Ok(_) => Ok(()),
+            Err(errno) => Err(format!(
+                "INIT: the new driver refused it ({})",
+                io::Error::from_raw_os_error(errno)
+            )),
+        }
+    }
+
+    /// LOOKUP of `name` in the driver's directory `parent`: the node and the entry, or `None`
+    /// if the driver has no such name.
+    fn lookup(&self, parent: u64, name: &[u8]) -> io::Result<Option<(u64, Vec<u8>)>> {
+        let reply = self.call(
+            |unique| lookup_request(unique, parent, name),
+            ReplyShape::Entry { negative_ok: true },
+        )?;
+        Ok(reply
+            .ok()
+            .and_then(|entry| Some((read_u64(&entry, 0).filter(|&n| n != 0)?, entry))))
+    }
+
+    /// OPEN/OPENDIR of the driver's `node`: the `fuse_open_out`, or `None` if refused.
+    fn open(&self, node: u64, flags: u32, dir: bool) -> io::Result<Option<Vec<u8>>> {
+        let reply = self.call(
+            |unique| open_request(unique, node, flags, dir),
+            ReplyShape::Open,
+        )?;
+        Ok(reply.ok())
+    }
+
+    fn forget(&self, driver_node: u64) {
+        let calls = &self.shared.calls;
+        let _ = calls.send(
+            self.driver,
+            &forget_request(calls.next_unique(), driver_node, 1),
+        );
+    }
+
+    fn release(&self, driver_node: u64, driver_fh: u64, flags: u32, dir: bool) {
+        let calls = &self.shared.calls;
+        let _ = calls.send(
+            self.driver,
+            &release_request(calls.next_unique(), driver_node, driver_fh, flags, dir),
+        );
+    }
+
+    /// A lookup of rebound's own that the kernel will not hear of: the driver's count of it
+    /// goes to the node the kernel holds, or back to the driver at once.
+    fn drop_lookup(&self, driver_node: u64) {
+        if !self.shared.objects().count_driver_lookup(driver_node) {
+            self.forget(driver_node);
+        }
+    }
+
+    /// The driver's id of the kernel's directory `parent`.
+    fn dir(&self, parent: u64) -> Option<u64> {
+        match self.shared.objects().node_to_driver(parent) {
+            ToDriver::Mapped(driver) => Some(driver),
+            ToDriver::Unknown => Some(parent),
+            ToDriver::Lost => None,
+        }
+    }
+
+    /// Deals with a request the failed driver left unanswered (or that waited for this one):
+    /// answers it if the new driver's state shows it already happened, otherwise sends it.
+    fn settle(&self, unique: u64, request: Inflight) -> io::Result<()> {
+        if request.sent.is_none() {
+            self.send_again(unique, request);
+            return Ok(());
+        }
+        let queue = usize::from(request.queue);
+        let op = Opcode::from_raw(request.opcode);
+        let shared = self.shared;
+        match (op, &request.change) {
+            // The handle went with the old driver.
+            (Some(Opcode::Release | Opcode::Releasedir), _) => answer_ok(shared, unique, queue),
+            (
+                Some(Opcode::Mkdir | Opcode::Mknod | Opcode::Symlink | Opcode::Link),
+                PendingChange::Entry { parent, name },
+            ) => {
+                let Some(dir) = self.dir(*parent) else {
+                    self.lost(unique, queue);
+                    return Ok(());
+                };
+                match self.lookup(dir, name)? {
+                    Some((_, mut entry)) => {
+                        shared
+                            .objects()
+                            .on_success(request.change.clone(), &mut entry);
+                        answer_with(shared, unique, queue, &entry);
+                    }
+                    None => self.send_again(unique, request),
+                }
+            }
+            (
+                Some(Opcode::Create),
+                PendingChange::Create {
+                    parent,
+                    name,
+                    flags,
+                },
+            ) => {
+                let Some(dir) = self.dir(*parent) else {
+                    self.lost(unique, queue);
+                    return Ok(());
+                };
+                match self.lookup(dir, name)? {
+                    Some((node, entry)) => match self.open(node, reopen_flags(*flags), false)? {
+                        Some(open_out) => {
+                            let mut reply = entry;
+                            reply.extend_from_slice(&open_out);
+                            shared
+                                .objects()
+                                .on_success(request.change.clone(), &mut reply);
+                            answer_with(shared, unique, queue, &reply);
+                        }
+                        None => {
+                            self.drop_lookup(node);
+                            self.send_again(unique, request);
+                        }
+                    },
+                    None => self.send_again(unique, request),
+                }
+            }
+            (Some(Opcode::Unlink | Opcode::Rmdir), PendingChange::Remove { parent, name }) => {
+                let Some(dir) = self.dir(*parent) else {
+                    self.lost(unique, queue);
+                    return Ok(());
+                };
+                match self.lookup(dir, name)? {
+                    Some((node, _)) => {
+                        self.drop_lookup(node);
+                        self.send_again(unique, request);
+                    }
+                    None => {
+                        shared.objects().on_success(request.change.clone(), &mut []);
+                        answer_ok(shared, unique, queue);
+                    }
+                }
+            }
+            (
+                Some(Opcode::Rename | Opcode::Rename2),
+                PendingChange::Rename {
+                    parent,
+                    name,
+                    new_parent,
+                    new_name,
+                    exchange: false,
+                },
+            ) => {
+                let (Some(from), Some(to)) = (self.dir(*parent), self.dir(*new_parent)) else {
+                    self.lost(unique, queue);
+                    return Ok(());
+                };
+                let source = self.lookup(from, name)?;
+                let target = self.lookup(to, new_name)?;
+                for (node, _) in source.iter().chain(target.iter()) {
+                    self.drop_lookup(*node);
+                }
+                if source.is_none() && target.is_some() {
+                    shared.objects().on_success(request.change.clone(), &mut []);
+                    answer_ok(shared, unique, queue);
+                } else {
+                    self.send_again(unique, request);
+                }
+            }
+            // Reads, writes at explicit offsets, attribute changes, opens, lookups: repeating
+            // them gives what the first attempt would have.
+            _ => self.send_again(unique, request),
+        }
+        Ok(())
+    }
+
+    /// Sends a waiting request to the new driver, in its ids.
+    fn send_again(&self, unique: u64, mut request: Inflight) {
+        let shared = self.shared;
+        let queue = usize::from(request.queue);
+        let len = request.request.len;
+        let bytes = Arc::make_mut(&mut request.request.buf);
+        let msg = &mut bytes[..len];
+        request.request.patches.undo(msg);
+        let fields = match Request::parse(msg) {
+            Ok(req) => req.id_fields(),
+            Err(_) => return answer_in_drivers_place(shared, unique, queue, Errno::IO),
+        };
+        match shared.objects().to_driver(msg, fields) {
+            Ok(patches) => request.request.patches = patches,
+            Err(tracker::LostObject) => return self.lost(unique, queue),
+        }
+        let to_send = request.request.buf.clone();
+        request.sent = Some((self.generation, Instant::now()));
+        shared.inflight.insert(unique, request);
+        // A failure here is the new driver failing; it will be noticed and this request
+        // sent again to the next one.
+        let _ = rustix::net::send(&**self.driver, &to_send[..len], SendFlags::NOSIGNAL);
+    }
+
+    fn lost(&self, unique: u64, queue: usize) {
+        self.shared.stats.lost_uses.fetch_add(1, Ordering::Relaxed);
+        answer_in_drivers_place(self.shared, unique, queue, Errno::IO);
+    }
+}
