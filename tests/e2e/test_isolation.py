@@ -1,8 +1,9 @@
 """rebound as an isolation layer: what a misbehaving or dying driver can and cannot do.
 
-Owns: the rogue driver scenarios (every malformed reply is refused before the kernel sees it,
-the caller gets EIO at once, the mount goes on serving) and the death of a driver while it
-serves (rebound notices, logs the cause, leaves no mount and no process behind).
+Owns: the rogue driver scenarios (every malformed reply is refused before the kernel sees it
+and counts as a driver failure; a request that keeps getting bad replies fails alone with EIO,
+and the mount goes on serving) and the death of a driver while it serves (restarted; or, with
+no restarts allowed, rebound leaves no mount and no process behind).
 """
 
 import errno
@@ -35,13 +36,18 @@ def errno_of(action, path, timeout=10):
 class Running:
     """`rebound run -- DRIVER...` in the background, stderr to a file, always cleaned up."""
 
-    def __init__(self, work, driver_argv):
+    def __init__(self, work, driver_argv, config=None):
         self.work = work
         self.mnt = work / "mnt"
         self.mnt.mkdir(exist_ok=True)
         self.err_path = work / "rebound.stderr"
+        options = []
+        if config is not None:
+            (work / "rebound.toml").write_text(config)
+            options = ["--config", str(work / "rebound.toml")]
         with open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen([str(mounts.rebound_bin()), "run", "--"] + driver_argv,
+            self.proc = subprocess.Popen([str(mounts.rebound_bin()), "run"] + options + ["--"]
+                                         + driver_argv,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=err, start_new_session=True)
 
@@ -73,8 +79,8 @@ class Running:
 def running(workdir, rebound_bin):
     started = []
 
-    def start(driver_argv):
-        r = Running(workdir, driver_argv(workdir / "mnt"))
+    def start(driver_argv, config=None):
+        r = Running(workdir, driver_argv(workdir / "mnt"), config)
         started.append(r)
         r.wait_mounted()
         return r
@@ -85,11 +91,13 @@ def running(workdir, rebound_bin):
 
 
 def test_malformed_replies_are_refused_and_the_mount_goes_on(running):
-    r = running(lambda mnt: [sys.executable, str(ROGUE), str(mnt)])
+    r = running(lambda mnt: [sys.executable, str(ROGUE), str(mnt)],
+                config="restart_budget = 50\nrestart_backoff_ms = 0\n")
     assert sorted(os.listdir(r.mnt)) == sorted(BAD_NAMES + ("good", "long-read"))
     for name in BAD_NAMES:
-        # Directly mounted, "bad-error" leaves the caller waiting forever; behind rebound
-        # every bad reply becomes EIO at once.
+        # Directly mounted, "bad-error" leaves the caller waiting forever. Behind rebound a
+        # bad reply never reaches the kernel: the driver is restarted and asked again, and a
+        # request that gets bad replies again fails alone, with EIO.
         assert errno_of("stat", r.mnt / name) == errno.EIO, name
     assert errno_of("read", r.mnt / "long-read") == errno.EIO
     assert (r.mnt / "good").read_bytes() == b"good data\n"
@@ -99,28 +107,55 @@ def test_malformed_replies_are_refused_and_the_mount_goes_on(running):
                 "impossible attribute: file type", "which is not in flight",
                 "exceeds the 4096 allowed"):
         assert why in log, f"no refusal for {why!r} in:\n{log}"
+    status = [s for s in rebound_status() if s["mountpoint"] == str(r.mnt)]
+    assert status and status[0]["state"] == "serving", status
+    # Each kind of bad reply cost at least one restart before its request was given up.
+    kinds = len(BAD_NAMES) + 1
+    assert status[0]["restarts"] >= kinds and status[0]["failures"] >= kinds, status
+    assert "misbehaved" in (status[0]["last_failure"] or ""), status
 
     r.proc.send_signal(signal.SIGTERM)
     assert r.proc.wait(timeout=mounts.STOP_TIMEOUT) == 0, r.stderr()
     assert not mounts.is_mounted(r.mnt)
 
 
-def test_a_driver_killed_while_serving_leaves_nothing_behind(running, workdir):
+def driver_daemons(r):
+    """The daemon is the process (other than rebound) whose command line names the mount."""
+    daemons = mounts.wait_for(
+        lambda: [p for p in mounts.procs_mentioning(r.mnt) if p != r.proc.pid], 5)
+    assert daemons, "no driver daemon found"
+    return daemons
+
+
+def test_a_killed_driver_is_restarted_and_the_mount_serves_on(running, workdir):
     src = workdir / "src"
     src.mkdir()
     (src / "f").write_text("x")
     ll = str(mounts.fixture_bin("passthrough_ll"))
     r = running(lambda mnt: [ll, "-o", f"source={src}", str(mnt)])
+    with open(r.mnt / "f") as held:
+        for pid in driver_daemons(r):
+            os.kill(pid, signal.SIGKILL)
+        assert (r.mnt / "f").read_text() == "x"
+        assert held.read() == "x", "a handle opened before the crash still reads"
+    status = [s for s in rebound_status() if s["mountpoint"] == str(r.mnt)][0]
+    assert status["restarts"] == 1 and status["failures"] == 1, status
+    assert len(status["recovery_ms"]) == 1, status
+    assert "driver" in status["last_failure"], status
+
+
+def test_with_no_restarts_allowed_a_killed_driver_leaves_nothing_behind(running, workdir):
+    src = workdir / "src"
+    src.mkdir()
+    (src / "f").write_text("x")
+    ll = str(mounts.fixture_bin("passthrough_ll"))
+    r = running(lambda mnt: [ll, "-o", f"source={src}", str(mnt)],
+                config='restart_budget = 0\non_budget_exhausted = "unmount"\n')
     assert (r.mnt / "f").read_text() == "x"
-    # The daemon is the process (other than rebound) whose command line names the mount.
-    daemon = mounts.wait_for(
-        lambda: [p for p in mounts.procs_mentioning(r.mnt) if p != r.proc.pid], 5)
-    assert daemon, "no driver daemon found"
-    for pid in daemon:
+    for pid in driver_daemons(r):
         os.kill(pid, signal.SIGKILL)
-    # Until recovery lands, a dead driver ends the run: with an error, and cleanly.
     assert r.proc.wait(timeout=mounts.STOP_TIMEOUT) == 1, r.stderr()
-    assert "is gone" in r.stderr() or "closed its channel" in r.stderr(), r.stderr()
+    assert "closed its channel" in r.stderr() or "process gone" in r.stderr(), r.stderr()
     assert not mounts.is_mounted(r.mnt)
     assert mounts.wait_for(lambda: not mounts.procs_mentioning(r.mnt), 5), "driver processes left"
 

@@ -75,6 +75,10 @@ pub struct Inflight {
     pub request: RequestBytes,
     /// The driver generation it was sent to and when; `None` while parked.
     pub sent: Option<(u64, Instant)>,
+    /// Drivers that failed while this request was theirs (crashed or hung with it in flight,
+    /// or answered it with garbage). A request that keeps failing drivers is the likely
+    /// cause, and is failed alone instead of taking every restart of the budget.
+    pub failures: u8,
 }
 
 /// The requests in flight, keyed by the kernel's `unique`.
@@ -166,6 +170,7 @@ mod tests {
                 patches: Patches::default(),
             },
             sent: sent.map(|g| (g, Instant::now())),
+            failures: 0,
         }
     }
 

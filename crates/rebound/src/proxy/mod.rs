@@ -66,6 +66,8 @@ pub enum ProxyEvent {
     Recovered = 4,
     /// Bringing a new driver up failed ([`Proxy::take_restored`] says why).
     RecoveryFailed = 5,
+    /// A recovery's latency was measured ([`Proxy::take_recovery_latencies`]).
+    RecoveryMeasured = 6,
 }
 
 impl ProxyEvent {
@@ -76,6 +78,7 @@ impl ProxyEvent {
             3 => ProxyEvent::DriverMisbehaved,
             4 => ProxyEvent::Recovered,
             5 => ProxyEvent::RecoveryFailed,
+            6 => ProxyEvent::RecoveryMeasured,
             _ => return None,
         })
     }
@@ -199,6 +202,11 @@ struct Shared {
 }
 
 const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
+/// A request whose reply drivers refuse this many times is failed with `EIO` on its own
+/// (the driver is not restarted again for it).
+const POISON_REFUSALS: u8 = 2;
+/// A request in flight at this many driver failures in a row is failed with `EIO` on its own.
+pub(crate) const POISON_FAILURES: u8 = 3;
 
 /// A per-second budget of log lines, shared between threads without a lock.
 struct LogBudget {
@@ -732,6 +740,7 @@ fn inflight_entry(
         queue: queue as u8,
         request,
         sent,
+        failures: 0,
     }
 }
 
@@ -949,8 +958,11 @@ fn first_reply_served(shared: &Shared) {
     if clock.awaiting_first_reply {
         clock.awaiting_first_reply = false;
         if let Some(detected) = clock.detected.take() {
-            let ms = detected.elapsed().as_secs_f64() * 1000.0;
-            clock.latencies.push(ms);
+            clock
+                .latencies
+                .push(detected.elapsed().as_secs_f64() * 1000.0);
+            drop(clock);
+            shared.report(ProxyEvent::RecoveryMeasured);
         }
     }
 }
@@ -1100,6 +1112,15 @@ fn refuse(shared: &Shared, generation: u64, request: Option<(u64, Inflight)>, wh
         tracing::debug!("refused driver message ({total} in all): {why}");
     }
     if let Some((unique, mut request)) = request {
+        request.failures += 1;
+        if request.failures >= POISON_REFUSALS {
+            // The same request again: it is what the driver cannot answer. Only it fails.
+            tracing::warn!(
+                "request {unique} was answered badly {} times; failing it with EIO",
+                request.failures
+            );
+            return answer_in_drivers_place(shared, unique, request.queue.into(), Errno::IO);
+        }
         request.sent = None;
         shared.inflight.insert(unique, request);
     }

@@ -27,7 +27,7 @@ use rustix::io::Errno;
 use rustix::net::SendFlags;
 use tracker::{Inflight, PendingChange, ToDriver};
 
-use super::{answer_in_drivers_place, answer_ok, answer_with, Link, Shared};
+use super::{answer_in_drivers_place, answer_ok, answer_with, Link, Shared, POISON_FAILURES};
 
 /// What a recovery restored.
 #[derive(Clone, Debug, Default)]
@@ -71,6 +71,12 @@ pub(super) fn restore(
         generation,
         timeout,
     };
+    // From now on, the first reply of the new driver to a kernel request ends the outage.
+    shared
+        .clock
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .awaiting_first_reply = true;
     new.replay_init()?;
     let mut restored = Restored::default();
     let plan = shared.objects().begin_generation();
@@ -136,17 +142,9 @@ pub(super) fn restore(
         .stats
         .resent
         .fetch_add(restored.resent as u64, Ordering::Relaxed);
-    {
-        let mut clock = shared.clock.lock().unwrap_or_else(|e| e.into_inner());
-        if restored.resent == 0 || shared.inflight.is_empty() {
-            // Nothing waits: the new driver is ready to serve now.
-            if let Some(detected) = clock.detected.take() {
-                let ms = detected.elapsed().as_secs_f64() * 1000.0;
-                clock.latencies.push(ms);
-            }
-        } else {
-            clock.awaiting_first_reply = true;
-        }
+    if shared.inflight.is_empty() {
+        // Nothing waits: the new driver is ready to serve now.
+        super::first_reply_served(shared);
     }
     restored.restore_ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(restored)
@@ -257,12 +255,21 @@ impl NewDriver<'_> {
 
     /// Deals with a request the failed driver left unanswered (or that waited for this one):
     /// answers it if the new driver's state shows it already happened, otherwise sends it.
-    fn settle(&self, unique: u64, request: Inflight) -> io::Result<()> {
+    fn settle(&self, unique: u64, mut request: Inflight) -> io::Result<()> {
+        let queue = usize::from(request.queue);
         if request.sent.is_none() {
             self.send_again(unique, request);
             return Ok(());
         }
-        let queue = usize::from(request.queue);
+        request.failures += 1;
+        if request.failures >= POISON_FAILURES {
+            tracing::warn!(
+                "request {unique} was in flight at {} driver failures in a row; failing it with EIO",
+                request.failures
+            );
+            answer_in_drivers_place(self.shared, unique, queue, Errno::IO);
+            return Ok(());
+        }
         let op = Opcode::from_raw(request.opcode);
         let shared = self.shared;
         match (op, &request.change) {

@@ -378,6 +378,12 @@ impl Run<'_> {
                 });
                 self.phase = Phase::Serving;
             }
+            ProxyEvent::RecoveryMeasured => {
+                for ms in s.proxy.take_recovery_latencies() {
+                    tracing::info!("serving again {ms:.1} ms after the failure");
+                    self.board.record_recovery(ms);
+                }
+            }
             ProxyEvent::RecoveryFailed => {
                 let why = match s.proxy.take_restored() {
                     Some(Err(why)) => why,
@@ -600,12 +606,6 @@ impl Run<'_> {
     }
 
     fn on_tick(&mut self) -> anyhow::Result<()> {
-        if let Some(s) = &self.served {
-            for ms in s.proxy.take_recovery_latencies() {
-                tracing::info!("first request served {ms:.1} ms after the failure");
-                self.board.record_recovery(ms);
-            }
-        }
         let now = Instant::now();
         match &mut self.phase {
             Phase::Starting { deadline } if now >= *deadline => {
