@@ -36,13 +36,18 @@ pub struct Config {
     pub restart_backoff_max_ms: u64,
     /// What happens once the restart budget is spent and the driver fails again.
     pub on_budget_exhausted: BudgetPolicy,
+    /// A command run after a failed driver is gone and before its successor starts, to bring
+    /// what it stores back to a consistent state (e.g. `["e2fsck", "-fy", "disk.img"]` for
+    /// fuse2fs, which keeps metadata in memory until it flushes). Empty: none.
+    pub pre_restart: Vec<String>,
 }
 
 /// What rebound does when the driver fails and the restart budget is spent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BudgetPolicy {
-    /// Keep the mount; every request fails with `EIO` until rebound is stopped.
+    /// Keep the mount; every request fails with `EIO` until a later restart succeeds (once
+    /// the oldest restart leaves the window, or on `rebound restart`).
     #[default]
     FailRequests,
     /// Unmount and stop, as if the mount had been removed by the user.
@@ -61,6 +66,7 @@ impl Default for Config {
             restart_backoff_ms: 100,
             restart_backoff_max_ms: 5_000,
             on_budget_exhausted: BudgetPolicy::FailRequests,
+            pre_restart: Vec::new(),
         }
     }
 }
@@ -130,9 +136,6 @@ impl Config {
     }
 }
 
-// The recovery settings are read by the supervisor's restart logic, which is being written;
-// drop this `allow` when it uses them.
-#[allow(dead_code)]
 impl Config {
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)

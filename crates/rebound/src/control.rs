@@ -115,8 +115,6 @@ impl StatusBoard {
     }
 
     /// Adds the latency of a finished recovery, keeping the last 100.
-    // Called by the supervisor's recovery, which is being written; drop this `allow` then.
-    #[allow(dead_code)]
     pub fn record_recovery(&self, ms: f64) {
         self.update(|s| {
             s.recovery_ms.push(ms);

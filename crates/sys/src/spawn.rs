@@ -88,3 +88,30 @@ fn receive_fd(channel: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     }
     Err(io::Error::other("seccomp listener missing from hand-over"))
 }
+
+/// Makes `command` run in a mount namespace of its own in which `mountpoint` is not mounted:
+/// a tool that refuses to touch a mounted file system (e2fsck) can then repair the store of
+/// a driver that died, while the kernel's mount stays in place for everyone else.
+pub fn outside_mount(command: &mut Command, mountpoint: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    // Made before the fork: the child allocates nothing.
+    let target = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())?;
+    // SAFETY: the closure runs in the forked child before exec and only makes system calls
+    // (unshare, mount, umount2) on data prepared before the fork; it allocates nothing and
+    // takes no locks, so it is async-signal-safe. The child has a single thread, so leaving
+    // the namespace it shared with other threads is sound (`unshare_unsafe`'s condition).
+    unsafe {
+        command.pre_exec(move || {
+            use rustix::mount::{MountPropagationFlags, UnmountFlags};
+            rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS)?;
+            // Unmounting in the new namespace must not propagate back to rebound's.
+            rustix::mount::mount_change(
+                c"/",
+                MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+            )?;
+            rustix::mount::unmount(target.as_c_str(), UnmountFlags::DETACH)?;
+            Ok(())
+        });
+    }
+    Ok(())
+}

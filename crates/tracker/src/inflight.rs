@@ -118,18 +118,7 @@ impl InflightTable {
 
     /// Removes every request not yet sent to driver `generation`, in the kernel's order.
     pub fn take_not_sent_to(&self, generation: u64) -> Vec<(u64, Inflight)> {
-        let mut taken: Vec<(u64, Inflight)> = {
-            let mut map = self.lock();
-            let uniques: Vec<u64> = map
-                .iter()
-                .filter(|(_, r)| r.sent.is_none_or(|(g, _)| g != generation))
-                .map(|(&u, _)| u)
-                .collect();
-            uniques
-                .into_iter()
-                .filter_map(|u| map.remove(&u).map(|r| (u, r)))
-                .collect()
-        };
+        let mut taken = self.take_if(|r| r.sent.is_none_or(|(g, _)| g != generation));
         taken.sort_unstable_by_key(|(u, _)| *u);
         taken
     }
@@ -137,6 +126,20 @@ impl InflightTable {
     /// Removes every request.
     pub fn take_all(&self) -> Vec<(u64, Inflight)> {
         self.lock().drain().collect()
+    }
+
+    /// Removes the requests `pick` chooses.
+    pub fn take_if(&self, mut pick: impl FnMut(&Inflight) -> bool) -> Vec<(u64, Inflight)> {
+        let mut map = self.lock();
+        let chosen: Vec<u64> = map
+            .iter()
+            .filter(|(_, r)| pick(r))
+            .map(|(&u, _)| u)
+            .collect();
+        chosen
+            .into_iter()
+            .filter_map(|u| map.remove(&u).map(|r| (u, r)))
+            .collect()
     }
 
     pub fn len(&self) -> usize {

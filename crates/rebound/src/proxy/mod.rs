@@ -439,6 +439,20 @@ impl Proxy {
         Ok(())
     }
 
+    /// Fails the parked requests of the driver's own processes (a restarting driver that
+    /// touched its mount point before serving it), so that they can die when killed: a
+    /// process waiting on a FUSE request that was read cannot be killed until it is answered.
+    pub fn fail_requests_of_driver(&self) {
+        let mine = |request: &Inflight| {
+            request.sent.is_none()
+                && InHeader::read_from_prefix(request.request.bytes())
+                    .is_ok_and(|(header, _)| is_ours(header.pid))
+        };
+        for (unique, request) in self.shared.inflight.take_if(mine) {
+            answer_in_drivers_place(&self.shared, unique, request.queue.into(), Errno::IO);
+        }
+    }
+
     /// What the latest recovery restored, or why it failed.
     pub fn take_restored(&self) -> Option<Result<Restored, String>> {
         self.shared
@@ -671,7 +685,7 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
                 drop(link);
                 return answer_ok(shared, unique, queue);
             }
-            if shadow_answer(shared, &info, queue) {
+            if shadow_answer(shared, &info, queue, msg) {
                 return;
             }
             // Parked: sent to the new driver once it holds what the kernel holds.
@@ -744,14 +758,20 @@ fn inflight_entry(
     }
 }
 
+/// The handle rebound gives a restarting driver that opens the mount's root directory.
+const SHADOW_DIR_FH: u64 = u64::MAX;
+
 /// While no driver serves, answers the requests a restarting driver makes itself before it
-/// can serve: its `mount(2)` (or fusermount's) stats the mount point and checks access to
-/// it, which are requests to this very mount. GETATTR of the root gets the latest attributes
-/// a driver gave; ACCESS from the driver's own processes is granted.
-fn shadow_answer(shared: &Shared, info: &RequestInfo, queue: usize) -> bool {
+/// can serve: its `mount(2)` (or fusermount's) stats the mount point, checks access to it,
+/// and libfuse 2 lists it to refuse a non-empty mount point. These are requests to this very
+/// mount, from the driver that is to serve it. GETATTR of the root gets the latest attributes
+/// a driver gave (whoever asks); the driver's own processes are granted ACCESS and see the
+/// root as an empty directory.
+fn shadow_answer(shared: &Shared, info: &RequestInfo, queue: usize, msg: &[u8]) -> bool {
     let unique = info.header.unique;
+    let on_root = info.header.nodeid == ROOT_ID;
     let answered = match info.opcode {
-        Some(Opcode::Getattr) if info.header.nodeid == ROOT_ID => {
+        Some(Opcode::Getattr) if on_root => {
             let attr = shared
                 .root_attr
                 .lock()
@@ -766,6 +786,18 @@ fn shadow_answer(shared: &Shared, info: &RequestInfo, queue: usize) -> bool {
             }
         }
         Some(Opcode::Access) if is_ours(info.header.pid) => {
+            answer_ok(shared, unique, queue);
+            true
+        }
+        Some(Opcode::Opendir) if on_root && is_ours(info.header.pid) => {
+            let mut open_out = [0u8; size::OPEN_OUT];
+            write_u64(&mut open_out, 0, SHADOW_DIR_FH);
+            answer_with(shared, unique, queue, &open_out);
+            true
+        }
+        Some(Opcode::Readdir | Opcode::Readdirplus)
+            if on_root && read_u64(msg, size::IN_HEADER) == Some(SHADOW_DIR_FH) =>
+        {
             answer_ok(shared, unique, queue);
             true
         }

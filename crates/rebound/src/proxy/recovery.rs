@@ -161,14 +161,21 @@ impl NewDriver<'_> {
         let calls = &self.shared.calls;
         let unique = calls.next_unique();
         let reply = calls.call(self.driver, unique, &build(unique), self.timeout)?;
-        let parsed = DriverMessage::parse(&reply)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        parsed
-            .validate_reply(shape, self.shared.minor())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        Ok(match parsed.header.error {
-            0 => Ok(parsed.body.to_vec()),
-            error => Err(-error),
+        // A reply that fails the checks fails that one request (and loses the object it was
+        // to restore); only a driver that does not answer at all fails the recovery.
+        let checked = DriverMessage::parse(&reply).and_then(|parsed| {
+            parsed
+                .validate_reply(shape, self.shared.minor())
+                .map(|_| parsed)
+        });
+        Ok(match checked {
+            Ok(parsed) if parsed.header.error == 0 => Ok(parsed.body.to_vec()),
+            Ok(parsed) => Err(-parsed.header.error),
+            Err(e) => {
+                self.shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("refused the new driver's reply while restoring: {e}");
+                Err(Errno::IO.raw_os_error())
+            }
         })
     }
 

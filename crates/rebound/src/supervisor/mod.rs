@@ -227,7 +227,16 @@ impl Run<'_> {
         let until = |at: Instant| at.saturating_duration_since(now);
         let tick = Duration::from_millis(250);
         match &self.phase {
-            Phase::Starting { deadline } | Phase::Stopping { deadline, .. } => until(*deadline),
+            Phase::Starting { deadline } => until(*deadline),
+            Phase::Stopping {
+                deadline, killed, ..
+            } => {
+                if *killed {
+                    tick
+                } else {
+                    until(*deadline)
+                }
+            }
             Phase::Serving | Phase::Recovering(Step::Restoring) => tick,
             Phase::Recovering(Step::Reaping { deadline } | Step::Mounting { deadline }) => {
                 until(*deadline).min(tick)
@@ -319,6 +328,9 @@ impl Run<'_> {
                 // driver to finish writing.
                 if !*killed {
                     tracing::warn!("second stop signal: killing the driver");
+                    if let Some(s) = &self.served {
+                        s.proxy.fail_requests();
+                    }
                     process::signal_all(Signal::KILL);
                     *killed = true;
                 }
@@ -326,6 +338,10 @@ impl Run<'_> {
             _ => {
                 tracing::info!("stopping on signal");
                 if let Some(s) = &self.served {
+                    if matches!(self.phase, Phase::Recovering(_) | Phase::Failed { .. }) {
+                        // No driver will answer what waits.
+                        s.proxy.fail_requests();
+                    }
                     unmount(&s.mountpoint);
                 }
                 self.phase = self.stopping(true, 0);
@@ -448,6 +464,9 @@ impl Run<'_> {
     }
 
     fn kill_driver(&mut self) {
+        if let Some(s) = &self.served {
+            s.proxy.fail_requests_of_driver();
+        }
         process::signal_all(Signal::KILL);
         self.phase = Phase::Recovering(Step::Reaping {
             deadline: Instant::now() + Duration::from_secs(10),
@@ -631,6 +650,7 @@ impl Run<'_> {
             }
             Phase::Recovering(Step::Backoff { until }) if now >= *until => {
                 self.restarts.push_back(now);
+                self.run_pre_restart();
                 let (pid, listener) = start_driver(self.argv)?;
                 tracing::info!("restarted driver `{}` as pid {pid}", self.driver_name);
                 self.listener = listener;
@@ -661,6 +681,10 @@ impl Run<'_> {
                     "driver did not stop within {} ms; killing it",
                     self.config.stop_timeout_ms
                 );
+                // Processes waiting on requests to the mount die only once answered.
+                if let Some(s) = &self.served {
+                    s.proxy.fail_requests();
+                }
                 process::signal_all(Signal::KILL);
                 *killed = true;
                 *deadline = now + self.config.stop_timeout();
@@ -668,6 +692,45 @@ impl Run<'_> {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Runs the configured `pre_restart` command, bounded by the mount timeout, where the
+    /// mount point is not mounted (see [`spawn::outside_mount`]).
+    fn run_pre_restart(&self) {
+        let (Some((program, args)), Some(s)) =
+            (self.config.pre_restart.split_first(), &self.served)
+        else {
+            return;
+        };
+        let started = Instant::now();
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null());
+        let outcome = spawn::outside_mount(&mut command, &s.mountpoint)
+            .and_then(|()| command.spawn())
+            .and_then(|mut child| {
+                let deadline = started + self.config.mount_timeout();
+                loop {
+                    if let Some(status) = child.try_wait()? {
+                        return Ok(status);
+                    }
+                    if Instant::now() >= deadline {
+                        let _ = child.kill();
+                        return child.wait();
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+        match outcome {
+            Ok(status) => tracing::info!(
+                "pre_restart `{}` ended with {status} after {} ms",
+                self.config.pre_restart.join(" "),
+                started.elapsed().as_millis()
+            ),
+            Err(e) => tracing::warn!("pre_restart `{program}`: {e}"),
+        }
     }
 
     /// Enters the stopping phase; with `signal`, asks every driver process to terminate.
