@@ -38,28 +38,46 @@ impl PrivateCalls {
         PRIVATE_BIT | (self.next.fetch_add(1, Ordering::Relaxed) << 1)
     }
 
-    /// Sends `request` (built with `unique`) and waits for its reply, at most `timeout`.
-    pub fn call(
+    /// Sends `requests` (each built with its `unique`) and waits for all their replies, at
+    /// most `timeout` in all. Replies come back in the order of the requests. Sending them all
+    /// before waiting lets the driver work on many at once (restoring thousands of nodes one
+    /// round trip at a time would take a second).
+    pub fn call_all(
         &self,
         driver: &OwnedFd,
-        unique: u64,
-        request: &[u8],
+        requests: &[(u64, Vec<u8>)],
         timeout: Duration,
-    ) -> io::Result<Vec<u8>> {
-        self.lock().insert(unique, None);
-        if let Err(e) = rustix::net::send(driver, request, SendFlags::NOSIGNAL) {
-            self.lock().remove(&unique);
-            return Err(e.into());
+    ) -> io::Result<Vec<Vec<u8>>> {
+        self.lock()
+            .extend(requests.iter().map(|(unique, _)| (*unique, None)));
+        let forget_all = || {
+            let mut waiting = self.lock();
+            for (unique, _) in requests {
+                waiting.remove(unique);
+            }
+        };
+        for (_, request) in requests {
+            if let Err(e) = rustix::net::send(driver, request, SendFlags::NOSIGNAL) {
+                forget_all();
+                return Err(e.into());
+            }
         }
         let deadline = Instant::now() + timeout;
         let mut waiting = self.lock();
         loop {
-            if let Some(Some(_)) = waiting.get(&unique) {
-                return Ok(waiting.remove(&unique).flatten().unwrap_or_default());
+            let arrived = requests
+                .iter()
+                .all(|(unique, _)| matches!(waiting.get(unique), Some(Some(_))));
+            if arrived {
+                return Ok(requests
+                    .iter()
+                    .map(|(unique, _)| waiting.remove(unique).flatten().unwrap_or_default())
+                    .collect());
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                waiting.remove(&unique);
+                drop(waiting);
+                forget_all();
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "the driver did not answer",

@@ -13,6 +13,7 @@
 //! Owns: the restore sequence and the decision, per request, to repeat or to settle it.
 //! Must not: hold the object table's lock across a request to the driver.
 
+use std::collections::HashSet;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
@@ -41,6 +42,11 @@ pub struct Restored {
     /// Time from the new driver's channel to serving.
     pub restore_ms: f64,
 }
+
+/// Most of rebound's own requests out at once during a restore.
+const BATCH: usize = 256;
+/// Offset of `unique` in `fuse_in_header`.
+const UNIQUE_AT: usize = std::mem::offset_of!(fuse_wire::InHeader, unique);
 
 /// Flags a handle is reopened with: what it was opened with, less what only makes sense once.
 fn reopen_flags(flags: u32) -> u32 {
@@ -81,44 +87,25 @@ pub(super) fn restore(
     let mut restored = Restored::default();
     let plan = shared.objects().begin_generation();
     restored.lost = plan.lost;
+    // Lookups go out in batches; a node waits for the batch holding its parent.
+    let mut batch: Vec<(u64, u64, Box<[u8]>)> = Vec::new();
+    let mut in_batch = HashSet::new();
     for (node, parent, name) in plan.nodes {
-        let ToDriver::Mapped(parent) = shared.objects().node_to_driver(parent) else {
-            restored.lost += 1;
-            continue;
-        };
-        match new
-            .lookup(parent, &name)
-            .map_err(|e| format!("restoring a node: {e}"))?
-        {
-            Some((driver_node, _)) => {
-                if shared.objects().restore_node(node, driver_node) {
-                    restored.nodes += 1;
-                } else {
-                    new.forget(driver_node);
-                }
+        if in_batch.contains(&parent) || batch.len() >= BATCH {
+            new.restore_nodes(std::mem::take(&mut batch), &mut restored)?;
+            in_batch.clear();
+        }
+        match shared.objects().node_to_driver(parent) {
+            ToDriver::Mapped(parent) => {
+                batch.push((node, parent, name));
+                in_batch.insert(node);
             }
-            None => restored.lost += 1,
+            _ => restored.lost += 1,
         }
     }
-    for (fh, dir, node, flags) in plan.handles {
-        let ToDriver::Mapped(driver_node) = shared.objects().node_to_driver(node) else {
-            restored.lost += 1;
-            continue;
-        };
-        let opened = new
-            .open(driver_node, reopen_flags(flags), dir)
-            .map_err(|e| format!("reopening a handle: {e}"))?;
-        match opened {
-            Some(open_out) => {
-                let driver_fh = read_u64(&open_out, 0).unwrap_or(0);
-                if shared.objects().restore_handle(fh, dir, driver_fh) {
-                    restored.handles += 1;
-                } else {
-                    new.release(driver_node, driver_fh, flags, dir);
-                }
-            }
-            None => restored.lost += 1,
-        }
+    new.restore_nodes(batch, &mut restored)?;
+    for chunk in plan.handles.chunks(BATCH) {
+        new.restore_handles(chunk, &mut restored)?;
     }
     // The requests the failed driver left, settled or sent again while new ones park.
     for (unique, request) in shared.inflight.take_not_sent_to(generation) {
@@ -151,24 +138,44 @@ pub(super) fn restore(
 }
 
 impl NewDriver<'_> {
-    /// Sends one of rebound's own requests and returns the reply's body, or the error the
-    /// driver answered with.
-    fn call(
+    /// Sends rebound's own requests (each built with the `unique` it is given) and returns,
+    /// for each, the reply's body or the error the driver answered with.
+    fn call_all(
         &self,
-        build: impl FnOnce(u64) -> Vec<u8>,
+        builds: impl IntoIterator<Item = Vec<u8>>,
         shape: ReplyShape,
-    ) -> io::Result<Result<Vec<u8>, i32>> {
+    ) -> io::Result<Vec<Result<Vec<u8>, i32>>> {
         let calls = &self.shared.calls;
-        let unique = calls.next_unique();
-        let reply = calls.call(self.driver, unique, &build(unique), self.timeout)?;
-        // A reply that fails the checks fails that one request (and loses the object it was
-        // to restore); only a driver that does not answer at all fails the recovery.
-        let checked = DriverMessage::parse(&reply).and_then(|parsed| {
+        let requests: Vec<(u64, Vec<u8>)> = builds
+            .into_iter()
+            .map(|mut request| {
+                let unique = calls.next_unique();
+                write_u64(&mut request, UNIQUE_AT, unique);
+                (unique, request)
+            })
+            .collect();
+        let replies = calls.call_all(self.driver, &requests, self.timeout)?;
+        Ok(replies
+            .iter()
+            .map(|reply| self.check_reply(reply, shape))
+            .collect())
+    }
+
+    fn call(&self, request: Vec<u8>, shape: ReplyShape) -> io::Result<Result<Vec<u8>, i32>> {
+        let mut replies = self.call_all([request], shape)?;
+        Ok(replies.pop().unwrap_or(Err(Errno::IO.raw_os_error())))
+    }
+
+    /// The body of a valid successful reply, or its error. A reply that fails the checks
+    /// fails that one request (and loses the object it was to restore); only a driver that
+    /// does not answer at all fails the recovery.
+    fn check_reply(&self, reply: &[u8], shape: ReplyShape) -> Result<Vec<u8>, i32> {
+        let checked = DriverMessage::parse(reply).and_then(|parsed| {
             parsed
                 .validate_reply(shape, self.shared.minor())
                 .map(|_| parsed)
         });
-        Ok(match checked {
+        match checked {
             Ok(parsed) if parsed.header.error == 0 => Ok(parsed.body.to_vec()),
             Ok(parsed) => Err(-parsed.header.error),
             Err(e) => {
@@ -176,7 +183,7 @@ impl NewDriver<'_> {
                 tracing::warn!("refused the new driver's reply while restoring: {e}");
                 Err(Errno::IO.raw_os_error())
             }
-        })
+        }
     }
 
     fn replay_init(&self) -> Result<(), String> {
@@ -187,17 +194,10 @@ impl NewDriver<'_> {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
             .ok_or("no INIT to replay")?;
-        let reply = self
-            .call(
-                |unique| {
-                    let mut init = init;
-                    write_u64(&mut init, 8, unique);
-                    init
-                },
-                ReplyShape::Init,
-            )
-            .map_err(|e| format!("INIT: {e}"))?;
-        match reply {
+        match self
+            .call(init, ReplyShape::Init)
+            .map_err(|e| format!("INIT: {e}"))?
+        {
             Ok(_) => Ok(()),
             Err(errno) => Err(format!(
                 "INIT: the new driver refused it ({})",
@@ -206,11 +206,83 @@ impl NewDriver<'_> {
         }
     }
 
+    /// Looks up `(node, driver's parent, name)` and gives each node the new driver's id.
+    fn restore_nodes(
+        &self,
+        batch: Vec<(u64, u64, Box<[u8]>)>,
+        restored: &mut Restored,
+    ) -> Result<(), String> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let replies = self
+            .call_all(
+                batch
+                    .iter()
+                    .map(|(_, parent, name)| lookup_request(0, *parent, name)),
+                ReplyShape::Entry { negative_ok: true },
+            )
+            .map_err(|e| format!("restoring nodes: {e}"))?;
+        for ((node, _, _), reply) in batch.iter().zip(replies) {
+            match reply
+                .ok()
+                .and_then(|entry| read_u64(&entry, 0))
+                .filter(|&d| d != 0)
+            {
+                Some(driver_node) => {
+                    if self.shared.objects().restore_node(*node, driver_node) {
+                        restored.nodes += 1;
+                    } else {
+                        self.forget(driver_node);
+                    }
+                }
+                None => restored.lost += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// Reopens `(fh, dir, node, flags)` and gives each handle the new driver's.
+    fn restore_handles(
+        &self,
+        handles: &[(u64, bool, u64, u32)],
+        restored: &mut Restored,
+    ) -> Result<(), String> {
+        let mut opens = Vec::new();
+        for &(fh, dir, node, flags) in handles {
+            match self.shared.objects().node_to_driver(node) {
+                ToDriver::Mapped(driver_node) => opens.push((fh, dir, driver_node, flags)),
+                _ => restored.lost += 1,
+            }
+        }
+        let replies = self
+            .call_all(
+                opens.iter().map(|&(_, dir, driver_node, flags)| {
+                    open_request(0, driver_node, reopen_flags(flags), dir)
+                }),
+                ReplyShape::Open,
+            )
+            .map_err(|e| format!("reopening handles: {e}"))?;
+        for (&(fh, dir, driver_node, flags), reply) in opens.iter().zip(replies) {
+            match reply.ok().and_then(|open_out| read_u64(&open_out, 0)) {
+                Some(driver_fh) => {
+                    if self.shared.objects().restore_handle(fh, dir, driver_fh) {
+                        restored.handles += 1;
+                    } else {
+                        self.release(driver_node, driver_fh, flags, dir);
+                    }
+                }
+                None => restored.lost += 1,
+            }
+        }
+        Ok(())
+    }
+
     /// LOOKUP of `name` in the driver's directory `parent`: the node and the entry, or `None`
     /// if the driver has no such name.
     fn lookup(&self, parent: u64, name: &[u8]) -> io::Result<Option<(u64, Vec<u8>)>> {
         let reply = self.call(
-            |unique| lookup_request(unique, parent, name),
+            lookup_request(0, parent, name),
             ReplyShape::Entry { negative_ok: true },
         )?;
         Ok(reply
@@ -220,11 +292,9 @@ impl NewDriver<'_> {
 
     /// OPEN/OPENDIR of the driver's `node`: the `fuse_open_out`, or `None` if refused.
     fn open(&self, node: u64, flags: u32, dir: bool) -> io::Result<Option<Vec<u8>>> {
-        let reply = self.call(
-            |unique| open_request(unique, node, flags, dir),
-            ReplyShape::Open,
-        )?;
-        Ok(reply.ok())
+        Ok(self
+            .call(open_request(0, node, flags, dir), ReplyShape::Open)?
+            .ok())
     }
 
     fn forget(&self, driver_node: u64) {
