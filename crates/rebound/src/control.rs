@@ -148,6 +148,7 @@ impl StatusBoard {
         if let Some(c) = &*self.counters.lock().unwrap_or_else(|e| e.into_inner()) {
             status.requests = c.stats.requests.load(Relaxed);
             status.refused_replies = c.stats.refused.load(Relaxed);
+            status.lost_objects = c.stats.lost_objects.load(Relaxed);
             (status.nodes, status.open_handles) = (c.held)();
         }
         status
@@ -239,20 +240,19 @@ fn restart(board: &StatusBoard, trigger: &(dyn Fn() + Send + Sync)) -> RestartAn
     match before.state.as_str() {
         "starting" => return refuse("the driver has not mounted yet".into()),
         "stopping" => return refuse("the run is stopping".into()),
-        "failed" => {
-            return refuse(with_cause(
-                "the driver has failed and is not restarted any more",
-                &before.last_failure,
-            ))
-        }
         _ => {}
     }
     tracing::info!("restart of the driver asked for on the control socket");
     trigger();
+    // Done when the new driver serves and its recovery latency is in (it is measured at the
+    // first request served), or when it failed (again) or the run stops.
     let finished = board.wait_until(
         |s| {
-            (s.restarts > before.restarts && s.state == "serving")
-                || s.state == "failed"
+            (s.restarts > before.restarts
+                && s.state == "serving"
+                && s.recovery_ms != before.recovery_ms)
+                || (s.state == "failed"
+                    && (before.state != "failed" || s.failures > before.failures))
                 || s.state == "stopping"
         },
         RESTART_WAIT,

@@ -43,21 +43,31 @@ pub struct Patches {
 }
 
 impl Patches {
-    /// Records that the u64 at `at` held `kernel` before it was rewritten.
-    pub fn push(&mut self, at: usize, kernel: u64) {
+    /// Records that the u64 at `at` is to hold (or held) `value`.
+    pub fn push(&mut self, at: usize, value: u64) {
         if self.len < self.fields.len() {
-            self.fields[self.len] = (at, kernel);
+            self.fields[self.len] = (at, value);
             self.len += 1;
         }
     }
 
-    /// Puts the kernel's ids back into `msg`.
-    pub fn undo(&self, msg: &mut [u8]) {
-        for &(at, kernel) in &self.fields[..self.len] {
+    /// Writes these values into `msg`; returns what they replaced (so `apply` of the
+    /// result undoes it).
+    pub fn apply(&self, msg: &mut [u8]) -> Patches {
+        let mut replaced = Patches::default();
+        for &(at, value) in &self.fields[..self.len] {
             if let Some(field) = msg.get_mut(at..at + 8) {
-                field.copy_from_slice(&kernel.to_ne_bytes());
+                let old = u64::from_ne_bytes(field.try_into().unwrap_or_default());
+                field.copy_from_slice(&value.to_ne_bytes());
+                replaced.push(at, old);
             }
         }
+        replaced
+    }
+
+    /// Puts the kernel's ids back into `msg`.
+    pub fn undo(&self, msg: &mut [u8]) {
+        self.apply(msg);
     }
 }
 

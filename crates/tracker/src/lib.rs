@@ -9,5 +9,6 @@ pub mod objects;
 
 pub use inflight::{Inflight, InflightTable, Patches, RequestBytes};
 pub use objects::{
-    DriverForget, Handle, LostObject, Node, ObjectTable, PendingChange, RestorePlan, ToDriver,
+    DriverForget, DriverNode, Handle, Node, ObjectTable, PendingChange, RestorePlan, ToDriver,
+    Untranslated,
 };

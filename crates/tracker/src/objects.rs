@@ -32,10 +32,21 @@ pub struct Node {
     /// `None` once the name was removed (unlinked while the kernel still holds the node):
     /// such a node cannot be found again by path.
     pub name: Option<(u64, Box<[u8]>)>,
-    /// The current driver's id for the node; `None` if a restart could not find it again.
-    pub driver: Option<u64>,
+    /// What the current driver knows the node as.
+    pub driver: DriverNode,
     /// Lookups the current driver has handed out for the node, which it must be FORGET-ed.
     pub driver_lookups: u64,
+}
+
+/// A node as the current driver knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverNode {
+    /// By this id.
+    Known(u64),
+    /// Not yet: a restarted driver is asked for it by path when it is first needed.
+    Pending,
+    /// Not at all: its path is gone. Requests on it fail with `EIO`.
+    Lost,
 }
 
 /// An open handle: the node it is on, the flags it was opened with, and the driver's handle.
@@ -51,15 +62,22 @@ pub struct Handle {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToDriver {
     Mapped(u64),
+    /// A node the restarted driver must first be asked for ([`ObjectTable::pending_path`]).
+    Pending,
     /// The object did not survive a restart; requests on it fail with `EIO`.
     Lost,
     /// Not tracked (an id the kernel got some other way); passed on unchanged.
     Unknown,
 }
 
-/// A request names a node or handle that did not survive a restart.
+/// Why a request cannot be translated for the current driver yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LostObject;
+pub enum Untranslated {
+    /// It names an object that did not survive a restart.
+    Lost,
+    /// It names this node, which the restarted driver must be asked for first.
+    Pending(u64),
+}
 
 /// What a FORGET of the kernel becomes for the driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,15 +169,15 @@ impl PendingChange {
     }
 }
 
-/// What a restarted driver must be brought back to: nodes parents first, then handles.
+/// One step of a path to look up: `(node, parent, name)`.
+pub type PathStep = (u64, u64, Box<[u8]>);
+
+/// What a restarted driver must be brought back to at once: the open handles. (Nodes are
+/// looked up when first needed.)
 #[derive(Debug, Default)]
 pub struct RestorePlan {
-    /// `(node, parent, name)`, every parent before its children.
-    pub nodes: Vec<(u64, u64, Box<[u8]>)>,
     /// `(fh, dir, node, flags)`.
     pub handles: Vec<(u64, bool, u64, u32)>,
-    /// Objects that cannot be restored at all (nodes without a path, their handles).
-    pub lost: usize,
 }
 
 /// Kernel ids handed out for driver ids that collide with ones the kernel holds start here,
@@ -255,7 +273,7 @@ impl ObjectTable {
             return DriverForget::Send { node, count };
         };
         entry.lookups = entry.lookups.saturating_sub(count);
-        let Some(driver) = entry.driver else {
+        let DriverNode::Known(driver) = entry.driver else {
             if entry.lookups == 0 {
                 self.remove_node(node);
             }
@@ -297,11 +315,10 @@ impl ObjectTable {
         if node == ROOT_ID {
             return ToDriver::Mapped(ROOT_ID);
         }
-        match self.nodes.get(&node) {
-            Some(Node {
-                driver: Some(d), ..
-            }) => ToDriver::Mapped(*d),
-            Some(_) => ToDriver::Lost,
+        match self.nodes.get(&node).map(|n| n.driver) {
+            Some(DriverNode::Known(d)) => ToDriver::Mapped(d),
+            Some(DriverNode::Pending) => ToDriver::Pending,
+            Some(DriverNode::Lost) => ToDriver::Lost,
             None => ToDriver::Unknown,
         }
     }
@@ -319,12 +336,12 @@ impl ObjectTable {
 
     /// Rewrites the id `fields` of a request in `msg` from the kernel's ids to the current
     /// driver's, and returns the kernel's values so the request can be sent again to another
-    /// driver. Fails if the request names an object a restart could not restore.
+    /// driver. Changes nothing unless every field can be translated.
     pub fn to_driver(
         &self,
         msg: &mut [u8],
         fields: impl IntoIterator<Item = IdField>,
-    ) -> Result<Patches, LostObject> {
+    ) -> Result<Patches, Untranslated> {
         let mut patches = Patches::default();
         for field in fields {
             let at = field.at();
@@ -336,17 +353,14 @@ impl ObjectTable {
                 IdField::Handle { dir, .. } => self.handle_to_driver(kernel, dir),
             };
             match mapped {
-                ToDriver::Mapped(driver) => {
-                    if driver != kernel {
-                        write_u64(msg, at, driver);
-                        patches.push(at, kernel);
-                    }
-                }
-                ToDriver::Lost => return Err(LostObject),
-                ToDriver::Unknown => {}
+                ToDriver::Mapped(driver) if driver != kernel => patches.push(at, driver),
+                ToDriver::Mapped(_) | ToDriver::Unknown => {}
+                ToDriver::Pending => return Err(Untranslated::Pending(kernel)),
+                ToDriver::Lost => return Err(Untranslated::Lost),
             }
         }
-        Ok(patches)
+        // `patches` holds the driver's values until they are written; then the kernel's.
+        Ok(patches.apply(msg))
     }
 
     /// The kernel's id for a node the driver names (in a notification); `None` if the kernel
@@ -395,39 +409,63 @@ impl ObjectTable {
         Some(components)
     }
 
-    /// A new driver replaces the old one: every driver id is forgotten, and the plan says
-    /// what to look up and reopen, in an order that finds parents before children.
+    /// A new driver replaces the old one: every driver id is forgotten. Nodes become
+    /// pending (looked up by path when first needed); the plan lists the handles to reopen.
     pub fn begin_generation(&mut self) -> RestorePlan {
         self.by_driver.clear();
         for node in self.nodes.values_mut() {
-            node.driver = None;
+            node.driver = DriverNode::Pending;
             node.driver_lookups = 0;
         }
         for handle in self.handles.values_mut() {
             handle.driver = None;
         }
-        let mut plan = RestorePlan::default();
-        let mut nodes: Vec<(usize, u64)> = Vec::with_capacity(self.nodes.len());
-        for &node in self.nodes.keys() {
-            match self.path(node) {
-                Some(path) => nodes.push((path.len(), node)),
-                None => plan.lost += 1,
+        RestorePlan {
+            handles: self
+                .handles
+                .iter()
+                .map(|(&(fh, dir), h)| (fh, dir, h.node, h.flags))
+                .collect(),
+        }
+    }
+
+    /// The pending nodes on the way from the root to `node`, as `(node, parent, name)` from
+    /// the top: what a restarted driver must be asked, in order, before `node` can be used.
+    /// Empty if `node` is known (or not tracked); `None` if the way is lost (the node or one
+    /// above it has no name, or is lost).
+    pub fn pending_path(&self, node: u64) -> Option<Vec<PathStep>> {
+        let mut chain = Vec::new();
+        let mut at = node;
+        while at != ROOT_ID {
+            let Some(entry) = self.nodes.get(&at) else {
+                break;
+            };
+            match (&entry.driver, &entry.name) {
+                (DriverNode::Known(_), _) => break,
+                (DriverNode::Pending, Some((parent, name))) => {
+                    chain.push((at, *parent, name.clone()));
+                    at = *parent;
+                }
+                (DriverNode::Lost, _) | (DriverNode::Pending, None) => return None,
+            }
+            if chain.len() > 4096 {
+                return None;
             }
         }
-        nodes.sort_unstable();
-        plan.nodes = nodes
-            .into_iter()
-            .filter_map(|(_, node)| {
-                let (parent, name) = self.nodes.get(&node)?.name.clone()?;
-                Some((node, parent, name))
-            })
-            .collect();
-        plan.handles = self
-            .handles
-            .iter()
-            .map(|(&(fh, dir), h)| (fh, dir, h.node, h.flags))
-            .collect();
-        plan
+        chain.reverse();
+        Some(chain)
+    }
+
+    /// The restarted driver has no node for `node`: requests on it fail from now on.
+    /// Returns whether it was pending until now.
+    pub fn mark_lost(&mut self, node: u64) -> bool {
+        match self.nodes.get_mut(&node) {
+            Some(entry) if entry.driver == DriverNode::Pending => {
+                entry.driver = DriverNode::Lost;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The new driver knows `node` as `driver` (one lookup). Returns false if the kernel has
@@ -436,8 +474,15 @@ impl ObjectTable {
         let Some(entry) = self.nodes.get_mut(&node) else {
             return false;
         };
-        entry.driver = Some(driver);
-        entry.driver_lookups = 1;
+        match entry.driver {
+            DriverNode::Known(known) if known == driver => entry.driver_lookups += 1,
+            DriverNode::Pending => {
+                entry.driver = DriverNode::Known(driver);
+                entry.driver_lookups = 1;
+            }
+            // Found again as something else meanwhile: this lookup goes back.
+            DriverNode::Known(_) | DriverNode::Lost => return false,
+        }
         self.by_driver.entry(driver).or_insert(node);
         true
     }
@@ -475,21 +520,38 @@ impl ObjectTable {
         if driver == ROOT_ID {
             return ROOT_ID;
         }
-        let node = match self.by_driver.get(&driver) {
-            Some(&node) => node,
-            None if !self.nodes.contains_key(&driver) => driver,
-            None => self.fresh_id(|t, id| t.nodes.contains_key(&id)),
+        let pending_here = self
+            .names
+            .get(&(parent, name.clone()))
+            .copied()
+            .filter(|n| {
+                self.nodes
+                    .get(n)
+                    .is_some_and(|e| e.driver == DriverNode::Pending)
+            });
+        let node = match (self.by_driver.get(&driver), pending_here) {
+            (Some(&node), _) => node,
+            // The restarted driver names a node the kernel holds by that path: the same one.
+            (None, Some(node)) => {
+                if let Some(entry) = self.nodes.get_mut(&node) {
+                    entry.driver = DriverNode::Known(driver);
+                    entry.driver_lookups = 0;
+                }
+                node
+            }
+            (None, None) if !self.nodes.contains_key(&driver) => driver,
+            (None, None) => self.fresh_id(|t, id| t.nodes.contains_key(&id)),
         };
         self.by_driver.insert(driver, node);
         let entry = self.nodes.entry(node).or_insert(Node {
             lookups: 0,
             name: None,
-            driver: Some(driver),
+            driver: DriverNode::Known(driver),
             driver_lookups: 0,
         });
         entry.lookups += 1;
         entry.driver_lookups += 1;
-        entry.driver = Some(driver);
+        entry.driver = DriverNode::Known(driver);
         // `.` and `..` (NFS export lookups) name some other node's relation, not this one.
         if &name[..] != b"." && &name[..] != b".." {
             self.name(node, parent, name);
@@ -550,7 +612,7 @@ impl ObjectTable {
             if let Some(name) = entry.name {
                 self.names.remove(&name);
             }
-            if let Some(driver) = entry.driver {
+            if let DriverNode::Known(driver) = entry.driver {
                 if self.by_driver.get(&driver) == Some(&node) {
                     self.by_driver.remove(&driver);
                 }
@@ -604,10 +666,11 @@ impl ObjectTable {
                 .and_then(|n| n.name.as_ref())
                 .is_some_and(|name| name == key)
         }) && self.nodes.values().all(|n| n.lookups > 0)
-            && self
-                .by_driver
-                .iter()
-                .all(|(d, k)| self.nodes.get(k).is_some_and(|n| n.driver == Some(*d)))
+            && self.by_driver.iter().all(|(d, k)| {
+                self.nodes
+                    .get(k)
+                    .is_some_and(|n| n.driver == DriverNode::Known(*d))
+            })
     }
 }
 
@@ -749,11 +812,13 @@ mod tests {
         t.on_success(pending, &mut []);
 
         let plan = t.begin_generation();
-        assert_eq!(plan.lost, 1);
-        let order: Vec<u64> = plan.nodes.iter().map(|n| n.0).collect();
-        assert_eq!(order, vec![dir, file], "parents first");
         assert_eq!(plan.handles.len(), 2);
-        assert_eq!(t.node_to_driver(dir), ToDriver::Lost, "until restored");
+        assert_eq!(t.node_to_driver(dir), ToDriver::Pending, "until looked up");
+        let path: Vec<u64> = t.pending_path(file).unwrap().iter().map(|p| p.0).collect();
+        assert_eq!(path, vec![dir, file], "from the top");
+        assert_eq!(t.pending_path(gone), None, "no name, no way back");
+        assert!(t.mark_lost(gone));
+        assert_eq!(t.node_to_driver(gone), ToDriver::Lost);
 
         // The new driver's ids: one collides with a kernel id of another node.
         assert!(t.restore_node(dir, 200));

@@ -98,6 +98,10 @@ pub struct ProxyStats {
     pub shadowed: AtomicU64,
     /// Requests that failed with `EIO` because their object did not survive a restart.
     pub lost_uses: AtomicU64,
+    /// Nodes looked up again in a restarted driver.
+    pub restored_nodes: AtomicU64,
+    /// Nodes and handles a restarted driver did not have (each fails with `EIO`).
+    pub lost_objects: AtomicU64,
 }
 
 /// The channel pair a driver gets in place of `/dev/fuse`: rebound's end and the driver's.
@@ -199,6 +203,8 @@ struct Shared {
     /// The generation whose misbehaviour was reported, plus one (0: none).
     misbehaviour_reported: AtomicU64,
     restored: Mutex<Option<Result<Restored, String>>>,
+    /// How long a lookup of a pending node may wait for a restarted driver.
+    lookup_timeout_ms: AtomicU64,
 }
 
 const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
@@ -355,6 +361,7 @@ impl Proxy {
             misbehaviour: Mutex::new(None),
             misbehaviour_reported: AtomicU64::new(0),
             restored: Mutex::new(None),
+            lookup_timeout_ms: AtomicU64::new(60_000),
         });
         // The threads run for as long as rebound does: they end when either side closes.
         for queue in 0..shared.queues.len() {
@@ -418,6 +425,9 @@ impl Proxy {
     pub fn attach_driver(&self, channel: OwnedFd, timeout: Duration) -> io::Result<()> {
         let shared = &self.shared;
         let generation = shared.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        shared
+            .lookup_timeout_ms
+            .store(timeout.as_millis() as u64, Ordering::Relaxed);
         let driver = Arc::new(channel);
         *shared.link.write().unwrap_or_else(|e| e.into_inner()) = Link::Recovering {
             attached: Some((driver.clone(), generation)),
@@ -664,6 +674,7 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
         }
         _ => {}
     }
+    resolve_pending_nodes(shared, msg, &info);
     // RELEASE lets go of the handle at once, whatever the driver answers.
     let released = info
         .release
@@ -697,9 +708,10 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
         }
         Link::Serving { driver, generation } => (driver.clone(), *generation),
     };
-    let mut patches = match shared.objects().to_driver(msg, info.fields) {
+    let translated = shared.objects().to_driver(msg, info.fields);
+    let mut patches = match translated {
         Ok(patches) => patches,
-        Err(tracker::LostObject) => {
+        Err(_) => {
             drop(link);
             shared.stats.lost_uses.fetch_add(1, Ordering::Relaxed);
             return answer_in_drivers_place(shared, unique, queue, Errno::IO);
@@ -738,6 +750,37 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
                 answer_in_drivers_place(shared, unique, queue, Errno::IO);
             }
         }
+    }
+}
+
+/// Looks up, in a restarted driver, the nodes a request names that it has not been asked
+/// for yet (see [`ObjectTable::pending_path`]). Runs before the request is translated and
+/// without holding the link: a lookup waits for the driver.
+fn resolve_pending_nodes(shared: &Shared, msg: &[u8], info: &RequestInfo) {
+    let pending: Vec<u64> = {
+        let objects = shared.objects();
+        info.fields
+            .into_iter()
+            .filter_map(|field| match field {
+                fuse_wire::IdField::Node { at } => read_u64(msg, at),
+                fuse_wire::IdField::Handle { .. } => None,
+            })
+            .filter(|&node| objects.node_to_driver(node) == ToDriver::Pending)
+            .collect()
+    };
+    if pending.is_empty() {
+        return;
+    }
+    let Some(driver) = (match &*shared.link() {
+        Link::Serving { driver, .. } => Some(driver.clone()),
+        _ => None,
+    }) else {
+        return;
+    };
+    let timeout = Duration::from_millis(shared.lookup_timeout_ms.load(Ordering::Relaxed));
+    for node in pending {
+        // A node that cannot be found is marked lost; the translation then fails the request.
+        let _ = recovery::resolve(shared, &driver, node, timeout);
     }
 }
 

@@ -13,7 +13,6 @@
 //! Owns: the restore sequence and the decision, per request, to repeat or to settle it.
 //! Must not: hold the object table's lock across a request to the driver.
 
-use std::collections::HashSet;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
@@ -33,9 +32,11 @@ use super::{answer_in_drivers_place, answer_ok, answer_with, Link, Shared, POISO
 /// What a recovery restored.
 #[derive(Clone, Debug, Default)]
 pub struct Restored {
+    /// Nodes the kernel holds, looked up in the new driver when first needed.
     pub nodes: usize,
+    /// Handles reopened.
     pub handles: usize,
-    /// Nodes and handles that could not be restored.
+    /// Handles that could not be reopened.
     pub lost: usize,
     /// Requests the failed driver left unanswered, repeated or settled.
     pub resent: usize,
@@ -52,6 +53,98 @@ const UNIQUE_AT: usize = std::mem::offset_of!(fuse_wire::InHeader, unique);
 fn reopen_flags(flags: u32) -> u32 {
     use rustix::fs::OFlags;
     flags & !(OFlags::CREATE | OFlags::EXCL | OFlags::TRUNC).bits()
+}
+
+/// The current driver's id for the kernel's `node`: looked up by path, parents first, if the
+/// restarted driver has not been asked for it yet. `None` if it cannot be found (it is then
+/// lost: requests on it fail with `EIO`). Runs on whichever thread needs the node.
+pub(super) fn resolve(
+    shared: &Shared,
+    driver: &OwnedFd,
+    node: u64,
+    timeout: Duration,
+) -> io::Result<Option<u64>> {
+    let chain = match shared.objects().pending_path(node) {
+        Some(chain) => chain,
+        None => {
+            lost(shared, node);
+            return Ok(None);
+        }
+    };
+    for (at, parent, name) in chain {
+        let parent = match shared.objects().node_to_driver(parent) {
+            ToDriver::Mapped(parent) => parent,
+            ToDriver::Unknown => parent,
+            ToDriver::Lost | ToDriver::Pending => {
+                lost(shared, at);
+                return Ok(None);
+            }
+        };
+        let calls = &shared.calls;
+        let unique = calls.next_unique();
+        let reply = calls.call_all(
+            driver,
+            &[(unique, lookup_request(unique, parent, &name))],
+            timeout,
+        )?;
+        let found = reply.first().and_then(|reply| {
+            let parsed = DriverMessage::parse(reply).ok()?;
+            parsed
+                .validate_reply(ReplyShape::Entry { negative_ok: true }, shared.minor())
+                .ok()?;
+            (parsed.header.error == 0)
+                .then(|| read_u64(parsed.body, 0))
+                .flatten()
+                .filter(|&d| d != 0)
+        });
+        match found {
+            Some(driver_node) => {
+                if shared.objects().restore_node(at, driver_node) {
+                    shared.stats.restored_nodes.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    let _ =
+                        calls.send(driver, &forget_request(calls.next_unique(), driver_node, 1));
+                }
+            }
+            None => {
+                lost(shared, at);
+                return Ok(None);
+            }
+        }
+    }
+    Ok(match shared.objects().node_to_driver(node) {
+        ToDriver::Mapped(driver_node) => Some(driver_node),
+        ToDriver::Unknown => Some(node),
+        ToDriver::Pending | ToDriver::Lost => None,
+    })
+}
+
+/// Marks a node the new driver does not have as lost, counting it once.
+fn lost(shared: &Shared, node: u64) {
+    if shared.objects().mark_lost(node) {
+        shared.stats.lost_objects.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Translates a request for the current driver, looking up what it names if need be.
+pub(super) fn translate(
+    shared: &Shared,
+    driver: &OwnedFd,
+    msg: &mut [u8],
+    fields: fuse_wire::ids::IdFields,
+    timeout: Duration,
+) -> Result<tracker::Patches, tracker::Untranslated> {
+    // Each round looks up one more pending node; a request names at most four.
+    for _ in 0..=fuse_wire::ids::MAX_REQUEST_IDS {
+        let pending = match shared.objects().to_driver(msg, fields) {
+            Err(tracker::Untranslated::Pending(node)) => node,
+            done => return done,
+        };
+        if !matches!(resolve(shared, driver, pending, timeout), Ok(Some(_))) {
+            return Err(tracker::Untranslated::Lost);
+        }
+    }
+    Err(tracker::Untranslated::Lost)
 }
 
 /// A new driver and the means to talk to it.
@@ -85,25 +178,9 @@ pub(super) fn restore(
         .awaiting_first_reply = true;
     new.replay_init()?;
     let mut restored = Restored::default();
+    // Nodes are looked up when first needed; handles are reopened now, their nodes first.
     let plan = shared.objects().begin_generation();
-    restored.lost = plan.lost;
-    // Lookups go out in batches; a node waits for the batch holding its parent.
-    let mut batch: Vec<(u64, u64, Box<[u8]>)> = Vec::new();
-    let mut in_batch = HashSet::new();
-    for (node, parent, name) in plan.nodes {
-        if in_batch.contains(&parent) || batch.len() >= BATCH {
-            new.restore_nodes(std::mem::take(&mut batch), &mut restored)?;
-            in_batch.clear();
-        }
-        match shared.objects().node_to_driver(parent) {
-            ToDriver::Mapped(parent) => {
-                batch.push((node, parent, name));
-                in_batch.insert(node);
-            }
-            _ => restored.lost += 1,
-        }
-    }
-    new.restore_nodes(batch, &mut restored)?;
+    restored.nodes = shared.objects().node_count();
     for chunk in plan.handles.chunks(BATCH) {
         new.restore_handles(chunk, &mut restored)?;
     }
@@ -206,42 +283,6 @@ impl NewDriver<'_> {
         }
     }
 
-    /// Looks up `(node, driver's parent, name)` and gives each node the new driver's id.
-    fn restore_nodes(
-        &self,
-        batch: Vec<(u64, u64, Box<[u8]>)>,
-        restored: &mut Restored,
-    ) -> Result<(), String> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let replies = self
-            .call_all(
-                batch
-                    .iter()
-                    .map(|(_, parent, name)| lookup_request(0, *parent, name)),
-                ReplyShape::Entry { negative_ok: true },
-            )
-            .map_err(|e| format!("restoring nodes: {e}"))?;
-        for ((node, _, _), reply) in batch.iter().zip(replies) {
-            match reply
-                .ok()
-                .and_then(|entry| read_u64(&entry, 0))
-                .filter(|&d| d != 0)
-            {
-                Some(driver_node) => {
-                    if self.shared.objects().restore_node(*node, driver_node) {
-                        restored.nodes += 1;
-                    } else {
-                        self.forget(driver_node);
-                    }
-                }
-                None => restored.lost += 1,
-            }
-        }
-        Ok(())
-    }
-
     /// Reopens `(fh, dir, node, flags)` and gives each handle the new driver's.
     fn restore_handles(
         &self,
@@ -250,9 +291,17 @@ impl NewDriver<'_> {
     ) -> Result<(), String> {
         let mut opens = Vec::new();
         for &(fh, dir, node, flags) in handles {
-            match self.shared.objects().node_to_driver(node) {
-                ToDriver::Mapped(driver_node) => opens.push((fh, dir, driver_node, flags)),
-                _ => restored.lost += 1,
+            match resolve(self.shared, self.driver, node, self.timeout)
+                .map_err(|e| format!("restoring the node of a handle: {e}"))?
+            {
+                Some(driver_node) => opens.push((fh, dir, driver_node, flags)),
+                None => {
+                    restored.lost += 1;
+                    self.shared
+                        .stats
+                        .lost_objects
+                        .fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         let replies = self
@@ -272,7 +321,13 @@ impl NewDriver<'_> {
                         self.release(driver_node, driver_fh, flags, dir);
                     }
                 }
-                None => restored.lost += 1,
+                None => {
+                    restored.lost += 1;
+                    self.shared
+                        .stats
+                        .lost_objects
+                        .fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         Ok(())
@@ -321,13 +376,9 @@ impl NewDriver<'_> {
         }
     }
 
-    /// The driver's id of the kernel's directory `parent`.
-    fn dir(&self, parent: u64) -> Option<u64> {
-        match self.shared.objects().node_to_driver(parent) {
-            ToDriver::Mapped(driver) => Some(driver),
-            ToDriver::Unknown => Some(parent),
-            ToDriver::Lost => None,
-        }
+    /// The driver's id of the kernel's directory `parent`, looked up if need be.
+    fn dir(&self, parent: u64) -> io::Result<Option<u64>> {
+        resolve(self.shared, self.driver, parent, self.timeout)
     }
 
     /// Deals with a request the failed driver left unanswered (or that waited for this one):
@@ -356,7 +407,7 @@ impl NewDriver<'_> {
                 Some(Opcode::Mkdir | Opcode::Mknod | Opcode::Symlink | Opcode::Link),
                 PendingChange::Entry { parent, name },
             ) => {
-                let Some(dir) = self.dir(*parent) else {
+                let Some(dir) = self.dir(*parent)? else {
                     self.lost(unique, queue);
                     return Ok(());
                 };
@@ -378,7 +429,7 @@ impl NewDriver<'_> {
                     flags,
                 },
             ) => {
-                let Some(dir) = self.dir(*parent) else {
+                let Some(dir) = self.dir(*parent)? else {
                     self.lost(unique, queue);
                     return Ok(());
                 };
@@ -401,7 +452,7 @@ impl NewDriver<'_> {
                 }
             }
             (Some(Opcode::Unlink | Opcode::Rmdir), PendingChange::Remove { parent, name }) => {
-                let Some(dir) = self.dir(*parent) else {
+                let Some(dir) = self.dir(*parent)? else {
                     self.lost(unique, queue);
                     return Ok(());
                 };
@@ -426,7 +477,7 @@ impl NewDriver<'_> {
                     exchange: false,
                 },
             ) => {
-                let (Some(from), Some(to)) = (self.dir(*parent), self.dir(*new_parent)) else {
+                let (Some(from), Some(to)) = (self.dir(*parent)?, self.dir(*new_parent)?) else {
                     self.lost(unique, queue);
                     return Ok(());
                 };
@@ -461,9 +512,9 @@ impl NewDriver<'_> {
             Ok(req) => req.id_fields(),
             Err(_) => return answer_in_drivers_place(shared, unique, queue, Errno::IO),
         };
-        match shared.objects().to_driver(msg, fields) {
+        match translate(shared, self.driver, msg, fields, self.timeout) {
             Ok(patches) => request.request.patches = patches,
-            Err(tracker::LostObject) => return self.lost(unique, queue),
+            Err(_) => return self.lost(unique, queue),
         }
         let to_send = request.request.buf.clone();
         request.sent = Some((self.generation, Instant::now()));

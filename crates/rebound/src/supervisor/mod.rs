@@ -378,19 +378,18 @@ impl Run<'_> {
                     return;
                 };
                 tracing::info!(
-                    "recovered {}: {} nodes and {} handles restored, {} lost, {} waiting \
-                     requests resent, in {:.1} ms",
+                    "recovered {}: {} handles reopened, {} lost, {} nodes to look up as \
+                     needed, {} waiting requests resent or settled, in {:.1} ms",
                     s.mountpoint.display(),
-                    restored.nodes,
                     restored.handles,
                     restored.lost,
+                    restored.nodes,
                     restored.resent,
                     restored.restore_ms
                 );
                 self.board.update(|b| {
                     b.state = "serving".into();
                     b.restarts += 1;
-                    b.lost_objects += restored.lost as u64;
                 });
                 self.phase = Phase::Serving;
             }
