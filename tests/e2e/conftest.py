@@ -3,7 +3,8 @@
 Owns: the preconditions of a run (root, /dev/fuse, built fixtures, the rebound binary for
 rebound-mode tests), the session's private sshd, the `mount` factory every test mounts with,
 the `direct` / `rebound` markers (from a test's `mode` parameter, so `-m direct` selects the
-tests that need no rebound binary), and a last check that the session left no mount behind.
+tests that need no rebound binary), the `recovery` marker, the tree workload's tarball (built
+once per session), and a last check that the session left no mount behind.
 """
 
 import os
@@ -11,6 +12,13 @@ import os
 import pytest
 
 import mounts
+import workloads
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "recovery: drivers killed or hung under rebound, which must restart them "
+                   "unnoticed (test_recovery.py; REBOUND_SOAK=1 for the long versions)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -76,3 +84,15 @@ def workdir():
     path = mounts.new_workdir("work")
     yield path
     mounts.remove_workdir(path)
+
+
+@pytest.fixture(scope="session")
+def tree_tarball():
+    """The tree workload's tarball of real content (workloads.build_tarball), at the size of
+    workloads.scale(): built once per session in its own /tmp/rebound-e2e-* directory."""
+    s = workloads.scale()
+    path = mounts.new_workdir("tarball")
+    try:
+        yield workloads.build_tarball(path / "tree.tar", s.tree_files, s.tree_bytes)
+    finally:
+        mounts.remove_workdir(path)
