@@ -88,16 +88,20 @@ class Chaos:
 
     The first injection comes within `first_within` seconds, so that even a short workload
     sees one; the others `min_interval`..`max_interval` seconds after the previous recovery.
+    When the mount does not serve again within `recover_timeout` (or rebound is gone), Chaos
+    gives up: it records the problem and calls on_stuck(), with which a test can abort the
+    FUSE connection so that a workload blocked on a hung driver fails now, not at the watchdog.
     """
 
     def __init__(self, mnt, *, seed, kinds=KINDS, min_interval=0.1, max_interval=2.0,
-                 first_within=0.5, recover_timeout=RECOVER_TIMEOUT):
+                 first_within=0.5, recover_timeout=RECOVER_TIMEOUT, on_stuck=None):
         self.mnt = mnt
         self.seed = seed
         self.kinds = tuple(kinds)
         self.min_interval, self.max_interval = min_interval, max_interval
         self.first_within = max(first_within, min_interval)
         self.recover_timeout = recover_timeout
+        self.on_stuck = on_stuck
         self.injections = []  # (seconds from start, kind, pid, comm)
         self.problems = []    # what went wrong on the way (the mount not recovering, ...)
         self.final = None     # the status once stopped and serving again
@@ -106,6 +110,8 @@ class Chaos:
         self._thread = threading.Thread(target=self._run, name="chaos", daemon=True)
         self._start = None
         self._last = None  # (pid, restarts) of the last injection
+        self._rebound_pid = None
+        self._gave_up = False
 
     @property
     def injected(self):
@@ -127,6 +133,32 @@ class Chaos:
             return serving
         return recovered_from(*self._last)
 
+    def _wait_recovered(self, when):
+        """The status once the mount serves again (after the last injection, if any); None,
+        the problem recorded and on_stuck() called, if it does not within recover_timeout or
+        rebound exits."""
+        cond = self._recovered()
+        deadline = time.monotonic() + self.recover_timeout
+        while True:
+            status = mount_status(self.mnt)
+            if status is not None:
+                self._rebound_pid = status.get("rebound_pid", self._rebound_pid)
+            if self._rebound_pid is not None and not mounts.alive(self._rebound_pid):
+                self._give_up(f"rebound (pid {self._rebound_pid}) exited {when}")
+                return None
+            if status is not None and cond(status):
+                return status
+            if time.monotonic() >= deadline:
+                self._give_up(f"not serving within {self.recover_timeout:.0f} s {when}")
+                return None
+            time.sleep(0.05)
+
+    def _give_up(self, text):
+        self._gave_up = True
+        self._problem(text)
+        if self.on_stuck is not None:
+            self.on_stuck()
+
     def _run(self):
         try:
             self._inject_until_stopped()
@@ -136,9 +168,8 @@ class Chaos:
     def _inject_until_stopped(self):
         delay = self._rng.uniform(self.min_interval, self.first_within)
         while not self._stop.wait(delay):
-            status = wait_status(self.mnt, self._recovered(), self.recover_timeout)
+            status = self._wait_recovered("before the next injection")
             if status is None:
-                self._problem(f"not serving again within {self.recover_timeout:.0f} s")
                 return
             if self._stop.is_set():
                 return
@@ -170,11 +201,8 @@ class Chaos:
         self._thread.join(timeout=self.recover_timeout + STATUS_TIMEOUT + 5)
         if self._thread.is_alive():
             self._problem("the chaos thread did not stop")
-        if self.final is None:
-            self.final = wait_status(self.mnt, self._recovered(), self.recover_timeout)
-            if self.final is None:
-                self._problem(f"not serving within {self.recover_timeout:.0f} s after the "
-                              "last injection")
+        if self.final is None and not self._gave_up:
+            self.final = self._wait_recovered("after the last injection")
         return self.injected
 
     def describe(self):
