@@ -575,14 +575,14 @@ def _unlock(res, fds, kind, path):
 
 def _role_hold(res, stop, emit, posix_path, flock_path):
     """Takes both locks, says "held", holds them until stopped, releases them, says
-    "released"."""
+    "released". Exits at once if it could not take both."""
     fds, outcome = _lock_pair(res, posix_path, flock_path, fcntl.LOCK_NB)
     for kind, err in outcome.items():
         if err is not None:
             res.error(f"take {kind} lock", posix_path if kind == "posix" else flock_path, err)
     if len(outcome) == 2 and not any(outcome.values()):
         emit("event", "held")
-    stop.wait()
+        stop.wait()
     for kind, path in (("posix", posix_path), ("flock", flock_path)):
         if outcome.get(kind, "x") is None:
             _unlock(res, fds, kind, path)
@@ -782,9 +782,10 @@ def held_open(root, seconds, entries):
         appender = Child(res, "append", log, 0.005)
         children += [prober, appender]
         threads = [
-            threading.Thread(target=_drive_bash, args=(res, shell_dir, deadline, 0.01, res.notes)),
+            threading.Thread(target=_drive_bash, args=(res, shell_dir, deadline, 0.01, res.notes),
+                             name="bash", daemon=True),
             threading.Thread(target=_list_slowly, args=(res, many, names, seconds * 0.9,
-                                                        res.notes)),
+                                                        res.notes), name="lister", daemon=True),
         ]
         for t in threads:
             t.start()
