@@ -71,6 +71,22 @@ def no_core_dumps():
     resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def private_run_dir():
+    """The control sockets of this module's rebound runs in a directory of their own (unless
+    REBOUND_RUN_DIR is set), so that `rebound status` sees no other run on the machine."""
+    if os.environ.get("REBOUND_RUN_DIR"):
+        yield os.environ["REBOUND_RUN_DIR"]
+        return
+    path = mounts.new_workdir("run")
+    os.environ["REBOUND_RUN_DIR"] = str(path)
+    try:
+        yield str(path)
+    finally:
+        del os.environ["REBOUND_RUN_DIR"]
+        mounts.remove_workdir(path)
+
+
 @pytest.fixture
 def seed(request):
     """REBOUND_CHAOS_SEED, or a seed of the test's own (stable across runs)."""
