@@ -8,6 +8,8 @@ once per session), and a last check that the session left no mount behind.
 """
 
 import os
+import resource
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +86,22 @@ def workdir():
     path = mounts.new_workdir("work")
     yield path
     mounts.remove_workdir(path)
+
+
+@pytest.fixture(scope="session")
+def many_open_files():
+    """Raises this process's open-file limit as far as it may, for the drivers it starts to
+    inherit: passthrough_ll keeps a descriptor for every inode the kernel knows, and the
+    workloads make tens of thousands of them. (Raising the hard limit needs CAP_SYS_RESOURCE;
+    without it, the soft limit goes up to the hard one.)"""
+    old = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = int(Path("/proc/sys/fs/nr_open").read_text())
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (top, top))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (old[1], old[1]))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, old)
 
 
 @pytest.fixture(scope="session")

@@ -234,7 +234,9 @@ def build_tarball(path, max_files=None, max_bytes=None, sources=TREE_SOURCES):
     """Writes a tar of the real content under sources (as include/..., doc/...) to path, up to
     max_files regular files or max_bytes of them, whichever comes first (None: no limit).
     Only directories, regular files and symlinks; owner permissions are added to every mode
-    so that the tree can be verified and taken apart again. Returns the Tarball."""
+    so that the tree can be verified and taken apart again. Symlinks whose target is absolute
+    or climbs with ".." are left out: sshfs refuses to read them back (its contain_symlinks
+    option, on by default, answers EPERM). Returns the Tarball."""
     entries = []
     files = total = 0
 
@@ -271,7 +273,9 @@ def build_tarball(path, max_files=None, max_bytes=None, sources=TREE_SOURCES):
                     st = os.lstat(full_path)
                     entry_name = os.path.join(rel, name)
                     if stat.S_ISLNK(st.st_mode):
-                        add(Entry(entry_name, "symlink", target=os.readlink(full_path)), st)
+                        target = os.readlink(full_path)
+                        if contained(target):
+                            add(Entry(entry_name, "symlink", target=target), st)
                     elif stat.S_ISREG(st.st_mode):
                         try:
                             with open(full_path, "rb") as f:
@@ -285,6 +289,11 @@ def build_tarball(path, max_files=None, max_bytes=None, sources=TREE_SOURCES):
                 if full():
                     break
     return Tarball(Path(path), entries)
+
+
+def contained(target):
+    """A symlink target that stays below its directory: relative, without ".."."""
+    return not target.startswith("/") and ".." not in target.split("/")
 
 
 class _BytesReader:
