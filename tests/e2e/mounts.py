@@ -431,7 +431,8 @@ class Mount:
         cmd = [str(rebound_bin()), "run"]
         if self.config is not None:
             cfg = self.work / "rebound.toml"
-            cfg.write_text(self.config)
+            # IMAGE in a config stands for this mount's image file (fuse2fs' pre_restart).
+            cfg.write_text(self.config.replace("@IMAGE@", str(self.img)))
             cmd += ["--config", str(cfg)]
         return cmd + ["--"] + driver
 
