@@ -437,6 +437,7 @@ impl Proxy {
         *link = Link::Recovering { attached: None };
         drop(link);
         self.shared.calls.clear_probe();
+        self.shared.calls.abort_all();
         let mut clock = self.shared.clock.lock().unwrap_or_else(|e| e.into_inner());
         if clock.detected.is_none() || was_serving {
             clock.detected = Some(Instant::now());
@@ -737,7 +738,21 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
     let translated = shared.objects().to_driver(msg, info.fields);
     let mut patches = match translated {
         Ok(patches) => patches,
-        Err(_) => {
+        Err(tracker::Untranslated::Pending(_)) => {
+            // The lookup did not reach the driver (it failed meanwhile): the request waits for
+            // the next one, like any request that arrives during a recovery.
+            drop(link);
+            if released.is_some() {
+                // A handle of the failed driver: nothing is left to close.
+                return answer_ok(shared, unique, queue);
+            }
+            let request = shared.buffers.keep(buf, len, Patches::default());
+            shared
+                .inflight
+                .insert(unique, inflight_entry(&info, queue, request, None));
+            return;
+        }
+        Err(tracker::Untranslated::Lost) => {
             drop(link);
             shared.stats.lost_uses.fetch_add(1, Ordering::Relaxed);
             return answer_in_drivers_place(shared, unique, queue, Errno::IO);

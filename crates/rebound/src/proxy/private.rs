@@ -31,6 +31,8 @@ pub struct PrivateCalls {
     arrived: Condvar,
     /// The liveness probe in flight, if any, and when it was sent.
     probe: Mutex<Option<(u64, Instant)>>,
+    /// Bumped when the driver fails: calls waiting on it give up at once.
+    aborts: AtomicU64,
 }
 
 impl PrivateCalls {
@@ -48,6 +50,7 @@ impl PrivateCalls {
         requests: &[(u64, Vec<u8>)],
         timeout: Duration,
     ) -> io::Result<Vec<Vec<u8>>> {
+        let aborts = self.aborts.load(Ordering::Relaxed);
         self.lock()
             .extend(requests.iter().map(|(unique, _)| (*unique, None)));
         let forget_all = || {
@@ -65,6 +68,14 @@ impl PrivateCalls {
         let deadline = Instant::now() + timeout;
         let mut waiting = self.lock();
         loop {
+            if self.aborts.load(Ordering::Relaxed) != aborts {
+                drop(waiting);
+                forget_all();
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the driver failed",
+                ));
+            }
             let arrived = requests
                 .iter()
                 .all(|(unique, _)| matches!(waiting.get(unique), Some(Some(_))));
@@ -121,6 +132,13 @@ impl PrivateCalls {
     /// Forgets the probe (a new driver will get its own).
     pub fn clear_probe(&self) {
         *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// The driver failed: every call waiting on it fails now instead of at its timeout.
+    pub fn abort_all(&self) {
+        let _waiting = self.lock();
+        self.aborts.fetch_add(1, Ordering::Relaxed);
+        self.arrived.notify_all();
     }
 
     /// Hands a reply to whoever waits for it; a late reply (its caller gave up) is dropped.

@@ -150,8 +150,11 @@ pub(super) fn translate(
             Err(tracker::Untranslated::Pending(node)) => node,
             done => return done,
         };
-        if !matches!(resolve(shared, driver, pending, timeout), Ok(Some(_))) {
-            return Err(tracker::Untranslated::Lost);
+        match resolve(shared, driver, pending, timeout) {
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(tracker::Untranslated::Lost),
+            // The driver did not answer: the node is still to be looked up.
+            Err(_) => return Err(tracker::Untranslated::Pending(pending)),
         }
     }
     Err(tracker::Untranslated::Lost)
@@ -251,10 +254,16 @@ pub(super) fn restore(
         new.restore_handles(chunk, &mut restored)?;
     }
     // The requests the failed driver left, settled or sent again while new ones park.
-    for (unique, request) in shared.inflight.take_not_sent_to(generation) {
+    let mut left = shared.inflight.take_not_sent_to(generation).into_iter();
+    while let Some((unique, request)) = left.next() {
         restored.resent += 1;
-        new.settle(unique, request)
-            .map_err(|e| format!("resending requests: {e}"))?;
+        if let Err(e) = new.settle(unique, request.clone()) {
+            // The new driver failed too: nothing taken may be dropped; the next one gets it.
+            for (unique, request) in std::iter::once((unique, request)).chain(left) {
+                shared.inflight.insert(unique, request);
+            }
+            return Err(format!("resending requests: {e}"));
+        }
     }
     // Requests parked meanwhile go out, and the new driver takes over, in one step.
     let mut link = shared.link.write().unwrap_or_else(|e| e.into_inner());
@@ -454,7 +463,15 @@ impl NewDriver<'_> {
         let mut walker = Walker::default();
         let (mut applied, mut skipped) = (0, 0);
         for mutation in entries {
-            match self.replay_one(&mut walker, mutation)? {
+            let what = mutation
+                .request
+                .get(4..8)
+                .and_then(|op| Opcode::from_raw(u32::from_ne_bytes(op.try_into().ok()?)))
+                .map_or_else(|| "?".to_string(), |op| format!("{op:?}"));
+            let replayed = self.replay_one(&mut walker, mutation).map_err(|e| {
+                io::Error::new(e.kind(), format!("{what} of {:?}: {e}", mutation.paths))
+            })?;
+            match replayed {
                 true => applied += 1,
                 false => skipped += 1,
             }
@@ -786,7 +803,14 @@ impl NewDriver<'_> {
         };
         match translate(shared, self.driver, msg, fields, self.timeout) {
             Ok(patches) => request.request.patches = patches,
-            Err(_) => return self.lost(unique, queue),
+            Err(tracker::Untranslated::Pending(_)) => {
+                // This driver failed while a node was looked up: the next one gets it.
+                request.request.patches = tracker::Patches::default();
+                request.sent = None;
+                shared.inflight.insert(unique, request);
+                return;
+            }
+            Err(tracker::Untranslated::Lost) => return self.lost(unique, queue),
         }
         let to_send = request.request.buf.clone();
         request.sent = Some((self.generation, Instant::now()));
