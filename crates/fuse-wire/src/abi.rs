@@ -186,6 +186,8 @@ pub const FLAGS2_MASKED: u32 = FLAGS2_PASSTHROUGH | FLAGS2_OVER_IO_URING;
 
 /// `fuse_getattr_in.getattr_flags` (also `fuse_statx_in`): `fh` is valid (`FUSE_GETATTR_FH`).
 pub const GETATTR_FH: u32 = 1 << 0;
+/// `fuse_setattr_in.valid`: `size` is to be set (`FATTR_SIZE`).
+pub const FATTR_SIZE: u32 = 1 << 3;
 /// `fuse_setattr_in.valid`: `fh` is valid (`FATTR_FH`).
 pub const FATTR_FH: u32 = 1 << 6;
 /// `fuse_ioctl_in.flags`: the ioctl is on a directory, `fh` is from OPENDIR (`FUSE_IOCTL_DIR`).

@@ -414,6 +414,24 @@ pub fn getattr_request(unique: u64, node: u64) -> Vec<u8> {
     )
 }
 
+/// FSYNC of handle `fh` on `node` (data and metadata).
+pub fn fsync_request(unique: u64, node: u64, fh: u64) -> Vec<u8> {
+    let fsync = FsyncIn {
+        fh,
+        ..Default::default()
+    };
+    own_request(Opcode::Fsync, unique, node, &[fsync.as_bytes()])
+}
+
+/// SETATTR of `node`'s size to 0, without a handle.
+pub fn truncate_request(unique: u64, node: u64) -> Vec<u8> {
+    let setattr = SetattrIn {
+        valid: abi::FATTR_SIZE,
+        ..Default::default()
+    };
+    own_request(Opcode::Setattr, unique, node, &[setattr.as_bytes()])
+}
+
 /// FORGET of `nlookup` lookups on `node`. The driver sends no reply.
 pub fn forget_request(unique: u64, node: u64, nlookup: u64) -> Vec<u8> {
     let forget = ForgetIn { nlookup };

@@ -40,6 +40,12 @@ pub struct Config {
     /// what it stores back to a consistent state (e.g. `["e2fsck", "-fy", "disk.img"]` for
     /// fuse2fs, which keeps metadata in memory until it flushes). Empty: none.
     pub pre_restart: Vec<String>,
+    /// Keep every change the driver acknowledges until a checkpoint (an FSYNC rebound sends
+    /// through a file lately written) makes it durable, and replay the rest in a restarted
+    /// driver. For drivers that lose acknowledged work when killed (fuse2fs).
+    pub redo_log: bool,
+    /// How often the driver is checkpointed when `redo_log` is on.
+    pub checkpoint_interval_ms: u64,
 }
 
 /// What rebound does when the driver fails and the restart budget is spent.
@@ -67,6 +73,8 @@ impl Default for Config {
             restart_backoff_max_ms: 5_000,
             on_budget_exhausted: BudgetPolicy::FailRequests,
             pre_restart: Vec::new(),
+            redo_log: false,
+            checkpoint_interval_ms: 1_000,
         }
     }
 }
@@ -115,6 +123,9 @@ impl Config {
         if self.probe_timeout_ms == 0 {
             return Err("probe_timeout_ms: must be greater than 0".into());
         }
+        if self.checkpoint_interval_ms == 0 {
+            return Err("checkpoint_interval_ms: must be greater than 0".into());
+        }
         if self.restart_window_ms == 0 {
             return Err("restart_window_ms: must be greater than 0".into());
         }
@@ -137,6 +148,10 @@ impl Config {
 }
 
 impl Config {
+    pub fn checkpoint_interval(&self) -> Duration {
+        Duration::from_millis(self.checkpoint_interval_ms)
+    }
+
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
     }

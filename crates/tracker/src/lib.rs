@@ -1,14 +1,17 @@
 //! The object tracker (Nooks): everything the kernel holds through the driver.
 //!
 //! Owns: pure bookkeeping data structures, shared by the proxy's threads: requests in flight
-//! ([`inflight`]) and the nodes and handles the kernel holds ([`objects`]).
+//! ([`inflight`]), the nodes and handles the kernel holds ([`objects`]), and the changes a
+//! driver acknowledged since its last checkpoint ([`redo`]).
 //! Must not: do I/O, or know about processes and descriptors.
 
 pub mod inflight;
 pub mod objects;
+pub mod redo;
 
 pub use inflight::{Inflight, InflightTable, Patches, RequestBytes};
 pub use objects::{
     DriverForget, DriverNode, Handle, Node, ObjectTable, PendingChange, RestorePlan, ToDriver,
     Untranslated,
 };
+pub use redo::{Mutation, RedoLog};

@@ -169,6 +169,15 @@ struct RecoveryClock {
     latencies: Vec<f64>,
 }
 
+/// How a proxy protects the driver's work beyond restarting it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProxyOptions {
+    /// Keep a redo log and checkpoint the driver this often (see [`tracker::redo`]).
+    pub checkpoint_interval: Option<Duration>,
+    /// How long a checkpoint may wait for the driver.
+    pub checkpoint_timeout: Duration,
+}
+
 /// A running proxy between one kernel connection and a driver.
 pub struct Proxy {
     pub stats: Arc<ProxyStats>,
@@ -205,6 +214,8 @@ struct Shared {
     restored: Mutex<Option<Result<Restored, String>>>,
     /// How long a lookup of a pending node may wait for a restarted driver.
     lookup_timeout_ms: AtomicU64,
+    /// The changes acknowledged since the last checkpoint, if kept.
+    redo: Option<Mutex<tracker::RedoLog>>,
 }
 
 const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
@@ -326,7 +337,12 @@ impl Proxy {
     /// Starts forwarding between `kernel` (rebound's `/dev/fuse`) and `driver` (rebound's end
     /// of the first driver's channel), with one kernel queue per CPU (up to four). Events are
     /// written to `events` as single bytes.
-    pub fn start(kernel: OwnedFd, driver: OwnedFd, events: UnixStream) -> io::Result<Proxy> {
+    pub fn start(
+        kernel: OwnedFd,
+        driver: OwnedFd,
+        events: UnixStream,
+        options: ProxyOptions,
+    ) -> io::Result<Proxy> {
         let wanted = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
         let mut queues = vec![kernel];
         while queues.len() < wanted {
@@ -362,6 +378,9 @@ impl Proxy {
             misbehaviour_reported: AtomicU64::new(0),
             restored: Mutex::new(None),
             lookup_timeout_ms: AtomicU64::new(60_000),
+            redo: options
+                .checkpoint_interval
+                .map(|_| Mutex::new(tracker::RedoLog::default())),
         });
         // The threads run for as long as rebound does: they end when either side closes.
         for queue in 0..shared.queues.len() {
@@ -371,6 +390,13 @@ impl Proxy {
                 .spawn(move || kernel_to_driver(&down, queue))?;
         }
         spawn_driver_reader(&shared, driver, 0)?;
+        if let Some(interval) = options.checkpoint_interval {
+            let checkpointed = shared.clone();
+            let timeout = options.checkpoint_timeout;
+            std::thread::Builder::new()
+                .name("checkpoint".into())
+                .spawn(move || recovery::checkpoints(&checkpointed, interval, timeout))?;
+        }
         Ok(Proxy {
             stats,
             shared,
@@ -1143,6 +1169,9 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
         if request.change != PendingChange::None {
             shared.objects().on_success(request.change.clone(), body);
         }
+        if shared.redo.is_some() {
+            record_mutation(shared, &request);
+        }
         if request.opcode == Opcode::Getattr as u32
             && read_u64(request.request.bytes(), NODEID_AT) == Some(ROOT_ID)
         {
@@ -1155,6 +1184,48 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
         queue: usize::from(request.queue),
         request: Some(request),
     })
+}
+
+/// Adds a change the driver acknowledged to the redo log, with the paths of the nodes it names.
+fn record_mutation(shared: &Shared, request: &Inflight) {
+    let (Some(redo), Some(op)) = (&shared.redo, Opcode::from_raw(request.opcode)) else {
+        return;
+    };
+    if !tracker::redo::is_mutation(op) {
+        return;
+    }
+    let mut bytes = request.request.bytes().to_vec();
+    request.request.patches.undo(&mut bytes);
+    let Ok(req) = Request::parse(&bytes) else {
+        return;
+    };
+    let nodes: Vec<u64> = req
+        .id_fields()
+        .into_iter()
+        .filter_map(|field| match field {
+            fuse_wire::IdField::Node { at } => read_u64(&bytes, at),
+            fuse_wire::IdField::Handle { .. } => None,
+        })
+        .collect();
+    let paths = {
+        let objects = shared.objects();
+        nodes
+            .iter()
+            .map(|&node| {
+                objects
+                    .path(node)
+                    .map(|path| path.into_iter().map(Box::from).collect())
+            })
+            .collect()
+    };
+    let mut redo = redo.lock().unwrap_or_else(|e| e.into_inner());
+    if op == Opcode::Write {
+        redo.note_written(req.header.nodeid);
+    }
+    redo.record(tracker::Mutation {
+        request: bytes.into(),
+        paths,
+    });
 }
 
 /// Rewrites the node ids of a checked notification to the kernel's. Returns false if it names

@@ -13,14 +13,17 @@
 //! Owns: the restore sequence and the decision, per request, to repeat or to settle it.
 //! Must not: hold the object table's lock across a request to the driver.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fuse_wire::abi::size;
 use fuse_wire::ids::{
-    forget_request, lookup_request, open_request, read_u64, release_request, write_u64,
+    forget_request, fsync_request, lookup_request, open_request, read_u64, release_request,
+    truncate_request, write_u64,
 };
 use fuse_wire::{DriverMessage, Opcode, ReplyShape, Request};
 use rustix::io::Errno;
@@ -42,6 +45,8 @@ pub struct Restored {
     pub resent: usize,
     /// Time from the new driver's channel to serving.
     pub restore_ms: f64,
+    /// Changes of the redo log applied again.
+    pub replayed: usize,
 }
 
 /// Most of rebound's own requests out at once during a restore.
@@ -147,7 +152,52 @@ pub(super) fn translate(
     Err(tracker::Untranslated::Lost)
 }
 
-/// A new driver and the means to talk to it.
+/// Checkpoints the serving driver every `interval` while the redo log holds changes: opens a
+/// file lately written, FSYNCs it (fuse2fs then flushes everything it holds in memory),
+/// closes it, and drops the changes acknowledged before the FSYNC was sent.
+pub(super) fn checkpoints(shared: &Shared, interval: Duration, timeout: Duration) {
+    let Some(redo) = &shared.redo else {
+        return;
+    };
+    loop {
+        std::thread::sleep(interval);
+        let (mark, candidates) = {
+            let log = redo.lock().unwrap_or_else(|e| e.into_inner());
+            if log.is_empty() {
+                continue;
+            }
+            (log.mark(), log.flush_candidates())
+        };
+        let (driver, generation) = match &*shared.link() {
+            Link::Serving { driver, generation } => (driver.clone(), *generation),
+            _ => continue,
+        };
+        let driver = NewDriver {
+            shared,
+            driver: &driver,
+            generation,
+            timeout,
+        };
+        for node in candidates {
+            if let Ok(true) = driver.flush_through(node) {
+                let mut log = redo.lock().unwrap_or_else(|e| e.into_inner());
+                log.checkpointed(mark);
+                tracing::debug!("checkpoint: {} changes left in the redo log", log.len());
+                break;
+            }
+        }
+    }
+}
+
+/// Walks paths in a driver during a replay, remembering what it found and the lookups it
+/// made the driver hand out (forgotten at the end).
+#[derive(Default)]
+struct Walker {
+    found: HashMap<tracker::redo::Path, u64>,
+    lookups: HashMap<u64, u64>,
+}
+
+/// A driver and the means to talk to it.
 struct NewDriver<'a> {
     shared: &'a Shared,
     driver: &'a Arc<OwnedFd>,
@@ -179,8 +229,19 @@ pub(super) fn restore(
     new.replay_init()?;
     let mut restored = Restored::default();
     // Nodes are looked up when first needed; handles are reopened now, their nodes first.
+    // Before that, what the failed driver acknowledged and lost is applied again.
     let plan = shared.objects().begin_generation();
     restored.nodes = shared.objects().node_count();
+    if let Some(redo) = &shared.redo {
+        let entries = redo.lock().unwrap_or_else(|e| e.into_inner()).entries();
+        let (applied, skipped) = new
+            .replay(&entries)
+            .map_err(|e| format!("replaying the redo log: {e}"))?;
+        restored.replayed = applied;
+        if skipped > 0 {
+            tracing::warn!("{skipped} logged changes could not be replayed");
+        }
+    }
     for chunk in plan.handles.chunks(BATCH) {
         new.restore_handles(chunk, &mut restored)?;
     }
@@ -331,6 +392,182 @@ impl NewDriver<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Opens the kernel's `node` for writing, FSYNCs and closes it. Returns whether the
+    /// FSYNC succeeded.
+    fn flush_through(&self, node: u64) -> io::Result<bool> {
+        let Some(driver_node) = resolve(self.shared, self.driver, node, self.timeout)? else {
+            return Ok(false);
+        };
+        let write_only = rustix::fs::OFlags::WRONLY.bits();
+        let Some(open_out) = self.open(driver_node, write_only, false)? else {
+            return Ok(false);
+        };
+        let fh = read_u64(&open_out, 0).unwrap_or(0);
+        let synced = self.call(fsync_request(0, driver_node, fh), ReplyShape::Empty)?;
+        self.release(driver_node, fh, write_only, false);
+        Ok(synced.is_ok())
+    }
+
+    /// The driver's node at `path`, looked up component by component.
+    fn walk(&self, walker: &mut Walker, path: &[Box<[u8]>]) -> io::Result<Option<u64>> {
+        let mut node = fuse_wire::abi::ROOT_ID;
+        for depth in 0..path.len() {
+            let prefix = &path[..=depth];
+            if let Some(&found) = walker.found.get(prefix) {
+                node = found;
+                continue;
+            }
+            match self.lookup(node, &path[depth])? {
+                Some((found, _)) => {
+                    *walker.lookups.entry(found).or_default() += 1;
+                    walker.found.insert(prefix.to_vec(), found);
+                    node = found;
+                }
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(node))
+    }
+
+    /// Whether `name` exists in the driver's directory `parent`.
+    fn exists(&self, walker: &mut Walker, parent: u64, name: &[u8]) -> io::Result<bool> {
+        Ok(match self.lookup(parent, name)? {
+            Some((found, _)) => {
+                *walker.lookups.entry(found).or_default() += 1;
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// Applies the logged changes again, by path, skipping what is already done (the image
+    /// may hold part of them). Returns how many were applied and how many could not be.
+    fn replay(&self, entries: &[tracker::Mutation]) -> io::Result<(usize, usize)> {
+        let mut walker = Walker::default();
+        let (mut applied, mut skipped) = (0, 0);
+        for mutation in entries {
+            match self.replay_one(&mut walker, mutation)? {
+                true => applied += 1,
+                false => skipped += 1,
+            }
+        }
+        for (node, count) in walker.lookups {
+            let calls = &self.shared.calls;
+            let _ = calls.send(
+                self.driver,
+                &forget_request(calls.next_unique(), node, count),
+            );
+        }
+        Ok((applied, skipped))
+    }
+
+    /// Replays one change; false if it cannot be (a node it names has no path any more).
+    fn replay_one(&self, walker: &mut Walker, mutation: &tracker::Mutation) -> io::Result<bool> {
+        use rustix::fs::OFlags;
+        let mut bytes = mutation.request.to_vec();
+        let Ok(req) = Request::parse(&bytes) else {
+            return Ok(false);
+        };
+        let (op, change, shape, fields) = (
+            req.opcode,
+            PendingChange::of(req.change()),
+            req.reply_shape(),
+            req.id_fields(),
+        );
+        let node_fields: Vec<usize> = fields
+            .into_iter()
+            .filter_map(|field| match field {
+                fuse_wire::IdField::Node { at } => Some(at),
+                fuse_wire::IdField::Handle { .. } => None,
+            })
+            .collect();
+        if node_fields.len() != mutation.paths.len() {
+            return Ok(false);
+        }
+        let mut nodes = Vec::with_capacity(node_fields.len());
+        for (at, path) in node_fields.iter().zip(&mutation.paths) {
+            let Some(path) = path else {
+                return Ok(false);
+            };
+            let Some(node) = self.walk(walker, path)? else {
+                return Ok(false);
+            };
+            write_u64(&mut bytes, *at, node);
+            nodes.push(node);
+        }
+        let body = size::IN_HEADER;
+        let first = nodes.first().copied().unwrap_or(fuse_wire::abi::ROOT_ID);
+        match (op, &change) {
+            (Some(Opcode::Create), PendingChange::Create { name, flags, .. }) => {
+                if self.exists(walker, first, name)? {
+                    if flags & OFlags::TRUNC.bits() != 0 {
+                        if let Some((node, _)) = self.lookup(first, name)? {
+                            *walker.lookups.entry(node).or_default() += 1;
+                            let _ = self.call(truncate_request(0, node), ReplyShape::Attr)?;
+                        }
+                    }
+                    return Ok(true);
+                }
+                // fuse_create_in.flags: the file may have been created and lost; no O_EXCL.
+                let flags = flags & !OFlags::EXCL.bits();
+                bytes[body..body + 4].copy_from_slice(&flags.to_ne_bytes());
+                if let Ok(reply) = self.call(bytes, shape)? {
+                    if let (Some(node), Some(fh)) = (
+                        read_u64(&reply, 0),
+                        fuse_wire::change::open_handle(&reply, true),
+                    ) {
+                        *walker.lookups.entry(node).or_default() += 1;
+                        self.release(node, fh, flags, false);
+                    }
+                }
+            }
+            (
+                Some(Opcode::Mknod | Opcode::Mkdir | Opcode::Symlink | Opcode::Link),
+                PendingChange::Entry { name, .. },
+            ) => {
+                if !self.exists(walker, first, name)? {
+                    if let Ok(reply) = self.call(bytes, shape)? {
+                        if let Some(node) = read_u64(&reply, 0) {
+                            *walker.lookups.entry(node).or_default() += 1;
+                        }
+                    }
+                }
+            }
+            (Some(Opcode::Unlink | Opcode::Rmdir), PendingChange::Remove { name, .. }) => {
+                let done = !self.exists(walker, first, name)? || self.call(bytes, shape)?.is_ok();
+                walker.found.clear();
+                return Ok(done);
+            }
+            (Some(Opcode::Rename | Opcode::Rename2), PendingChange::Rename { name, .. }) => {
+                let done = !self.exists(walker, first, name)? || self.call(bytes, shape)?.is_ok();
+                walker.found.clear();
+                return Ok(done);
+            }
+            (Some(Opcode::Write | Opcode::Fallocate), _) => {
+                let write_only = OFlags::WRONLY.bits();
+                let Some(open_out) = self.open(first, write_only, false)? else {
+                    return Ok(false);
+                };
+                let fh = read_u64(&open_out, 0).unwrap_or(0);
+                // `fh` is the first field of fuse_write_in and fuse_fallocate_in.
+                write_u64(&mut bytes, body, fh);
+                let done = self.call(bytes, shape)?.is_ok();
+                self.release(first, fh, write_only, false);
+                return Ok(done);
+            }
+            (Some(Opcode::Setattr), _) => {
+                // No handle: fuse_setattr_in.valid without FATTR_FH.
+                let valid =
+                    u32::from_ne_bytes(bytes[body..body + 4].try_into().unwrap_or_default());
+                let valid = valid & !fuse_wire::abi::FATTR_FH;
+                bytes[body..body + 4].copy_from_slice(&valid.to_ne_bytes());
+                return Ok(self.call(bytes, shape)?.is_ok());
+            }
+            _ => return Ok(self.call(bytes, shape)?.is_ok()),
+        }
+        Ok(true)
     }
 
     /// LOOKUP of `name` in the driver's directory `parent`: the node and the entry, or `None`

@@ -30,7 +30,7 @@ use rustix::process::Signal;
 
 use crate::config::{BudgetPolicy, Config};
 use crate::control::{self, ControlSocket, StatusBoard};
-use crate::proxy::{Proxy, ProxyEvent};
+use crate::proxy::{Proxy, ProxyEvent, ProxyOptions};
 use intercept::Intercepted;
 use process::Exit;
 
@@ -273,8 +273,15 @@ impl Run<'_> {
                     mount.caller
                 );
                 let tx = self.events_tx.take().context("second mount")?;
-                let proxy =
-                    Proxy::start(mount.kernel, mount.channel, tx).context("starting the proxy")?;
+                let options = ProxyOptions {
+                    checkpoint_interval: self
+                        .config
+                        .redo_log
+                        .then(|| self.config.checkpoint_interval()),
+                    checkpoint_timeout: self.config.probe_timeout(),
+                };
+                let proxy = Proxy::start(mount.kernel, mount.channel, tx, options)
+                    .context("starting the proxy")?;
                 self.board
                     .attach(proxy.stats.clone(), Box::new(proxy.held_objects_reader()));
                 self.board.update(|s| {

@@ -1,0 +1,179 @@
+//! The redo log (ODFT's checkpoint and log): the changes a driver acknowledged since it last
+//! made its state durable, kept so a restarted driver can be brought forward to them.
+//!
+//! Some drivers lose acknowledged work when they die: fuse2fs keeps block bitmaps and recent
+//! metadata in memory until it flushes, so after a crash its image lacks files the
+//! applications were told exist. rebound records each successful mutation with the paths of
+//! the nodes it names (at the time), asks the driver to flush now and then (a checkpoint),
+//! drops what the checkpoint covers, and replays the rest, by path, in a restarted driver.
+//!
+//! Owns: the entries, the memory bound, and the choice of files a checkpoint can flush
+//! through. Must not: do I/O (the proxy replays and checkpoints).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use fuse_wire::Opcode;
+
+/// A path from the root, one name per component.
+pub type Path = Vec<Box<[u8]>>;
+
+/// One acknowledged change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mutation {
+    /// The request in the kernel's ids.
+    pub request: Arc<[u8]>,
+    /// The path of each node id field of the request (in the order of
+    /// `Request::id_fields`), or `None` for a node without one (unlinked while open): such a
+    /// change cannot be replayed.
+    pub paths: Vec<Option<Path>>,
+}
+
+/// Beyond this many bytes of entries, the log is dropped (and the loss reported): a driver
+/// that cannot be checkpointed must not take rebound's memory with it.
+const MAX_BYTES: usize = 256 << 20;
+/// Files remembered as candidates to flush through.
+const WRITTEN_KEPT: usize = 8;
+
+/// The mutations since the last checkpoint.
+#[derive(Debug, Default)]
+pub struct RedoLog {
+    entries: Vec<Mutation>,
+    bytes: usize,
+    /// Entries dropped by checkpoints or by overflow since the log began; the index of
+    /// `entries[0]` in the whole history.
+    dropped: u64,
+    /// The log overflowed and was dropped since the last checkpoint.
+    pub overflowed: bool,
+    /// Regular files lately written, most recent first: a checkpoint opens one to flush.
+    written: VecDeque<u64>,
+}
+
+/// Whether a successful request of `opcode` changes what the driver stores.
+pub fn is_mutation(opcode: Opcode) -> bool {
+    use Opcode::*;
+    matches!(
+        opcode,
+        Create
+            | Mknod
+            | Mkdir
+            | Symlink
+            | Link
+            | Unlink
+            | Rmdir
+            | Rename
+            | Rename2
+            | Setattr
+            | Write
+            | Fallocate
+            | Setxattr
+            | Removexattr
+    )
+}
+
+impl RedoLog {
+    pub fn record(&mut self, mutation: Mutation) {
+        self.bytes += mutation.request.len();
+        self.entries.push(mutation);
+        if self.bytes > MAX_BYTES {
+            self.dropped += self.entries.len() as u64;
+            self.entries.clear();
+            self.bytes = 0;
+            self.overflowed = true;
+        }
+    }
+
+    /// A position in the history: everything recorded before it is covered by a checkpoint
+    /// started now.
+    pub fn mark(&self) -> u64 {
+        self.dropped + self.entries.len() as u64
+    }
+
+    /// A checkpoint started at `mark` succeeded: what it covers is durable in the driver.
+    pub fn checkpointed(&mut self, mark: u64) {
+        let covered = mark
+            .saturating_sub(self.dropped)
+            .min(self.entries.len() as u64) as usize;
+        self.bytes -= self.entries[..covered]
+            .iter()
+            .map(|m| m.request.len())
+            .sum::<usize>();
+        self.entries.drain(..covered);
+        self.dropped += covered as u64;
+        self.overflowed = false;
+    }
+
+    /// The entries to replay, oldest first. They stay until a checkpoint of the new driver
+    /// covers them: until then, it could lose them too.
+    pub fn entries(&self) -> Vec<Mutation> {
+        self.entries.clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The kernel's `node` was just written (it is a regular file).
+    pub fn note_written(&mut self, node: u64) {
+        if self.written.front() != Some(&node) {
+            self.written.retain(|&n| n != node);
+            self.written.push_front(node);
+            self.written.truncate(WRITTEN_KEPT);
+        }
+    }
+
+    /// Files a checkpoint can open to flush through, most recently written first.
+    pub fn flush_candidates(&self) -> Vec<u64> {
+        self.written.iter().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mutation(len: usize) -> Mutation {
+        Mutation {
+            request: vec![0u8; len].into(),
+            paths: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_drops_what_came_before_it_only() {
+        let mut log = RedoLog::default();
+        log.record(mutation(10));
+        log.record(mutation(20));
+        let mark = log.mark();
+        log.record(mutation(30));
+        log.checkpointed(mark);
+        assert_eq!(log.len(), 1);
+        assert_eq!(log.entries()[0].request.len(), 30);
+        // A stale mark covers nothing more.
+        log.checkpointed(mark);
+        assert_eq!(log.len(), 1);
+    }
+
+    #[test]
+    fn the_log_is_bounded() {
+        let mut log = RedoLog::default();
+        for _ in 0..3 {
+            log.record(mutation(MAX_BYTES / 2));
+        }
+        assert!(log.overflowed);
+        assert!(log.len() < 3);
+    }
+
+    #[test]
+    fn written_files_are_remembered_most_recent_first() {
+        let mut log = RedoLog::default();
+        for node in [5, 6, 5, 7] {
+            log.note_written(node);
+        }
+        assert_eq!(log.flush_candidates(), vec![7, 5, 6]);
+    }
+}
