@@ -16,6 +16,7 @@
 //! it follows what the kernel holds, not the traffic.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use fuse_wire::abi::{size, ROOT_ID};
 use fuse_wire::change::{direntplus_entries, entry_node, open_handle};
@@ -169,6 +170,40 @@ impl PendingChange {
     }
 }
 
+/// Lock requests kept per handle, at most.
+const MAX_LOCKS_KEPT: usize = 64;
+
+/// What the tracker needs of a SETLK/SETLKW request (`fuse_lk_in`).
+struct LockRequest {
+    owner: u64,
+    start: u64,
+    end: u64,
+    unlock: bool,
+    flock: bool,
+}
+
+impl LockRequest {
+    fn parse(request: &[u8]) -> Option<LockRequest> {
+        // fuse_lk_in: fh, owner, fuse_file_lock { start, end, type, pid }, lk_flags.
+        let body = request.get(size::IN_HEADER..)?;
+        let u32_at = |at: usize| Some(u32::from_ne_bytes(body.get(at..at + 4)?.try_into().ok()?));
+        const F_UNLCK: u32 = 2;
+        const FUSE_LK_FLOCK: u32 = 1;
+        Some(LockRequest {
+            owner: read_u64(body, 8)?,
+            start: read_u64(body, 16)?,
+            end: read_u64(body, 24)?,
+            unlock: u32_at(32)? == F_UNLCK,
+            flock: u32_at(40)? & FUSE_LK_FLOCK != 0,
+        })
+    }
+
+    /// An unlock from the start of the file to its (largest possible) end.
+    fn unlocks_all(&self) -> bool {
+        self.unlock && self.start == 0 && self.end >= i64::MAX as u64
+    }
+}
+
 /// One step of a path to look up: `(node, parent, name)`.
 pub type PathStep = (u64, u64, Box<[u8]>);
 
@@ -194,6 +229,9 @@ pub struct ObjectTable {
     by_driver: HashMap<u64, u64>,
     /// Keyed by the kernel's `(fh, is_dir)`.
     handles: HashMap<(u64, bool), Handle>,
+    /// The lock requests (SETLK/SETLKW, in the kernel's ids) that succeeded on each file
+    /// handle and still hold, oldest first: taken again in a restarted driver.
+    locks: HashMap<u64, Vec<Arc<[u8]>>>,
     next_fresh: u64,
 }
 
@@ -204,6 +242,7 @@ impl Default for ObjectTable {
             names: HashMap::new(),
             by_driver: HashMap::new(),
             handles: HashMap::new(),
+            locks: HashMap::new(),
             next_fresh: FRESH_IDS,
         }
     }
@@ -298,8 +337,44 @@ impl ObjectTable {
         }
     }
 
+    /// A lock request on file handle `fh` succeeded (`request` in the kernel's ids). Only
+    /// what still holds is kept: a flock replaces the handle's earlier flock, and an unlock
+    /// of a whole file ends the owner's earlier POSIX locks.
+    pub fn locked(&mut self, fh: u64, request: Arc<[u8]>) {
+        let Some(lock) = LockRequest::parse(&request) else {
+            return;
+        };
+        let held = self.locks.entry(fh).or_default();
+        held.retain(|earlier| {
+            LockRequest::parse(earlier).is_some_and(|e| {
+                if lock.flock {
+                    !e.flock
+                } else {
+                    e.flock || e.owner != lock.owner || !lock.unlocks_all()
+                }
+            })
+        });
+        if !(lock.unlock && (lock.flock || lock.unlocks_all())) {
+            held.push(request);
+        }
+        // A pathological stream of partial POSIX locks: keep the latest ones.
+        let excess = held.len().saturating_sub(MAX_LOCKS_KEPT);
+        held.drain(..excess);
+        if held.is_empty() {
+            self.locks.remove(&fh);
+        }
+    }
+
+    /// The lock requests to take again on file handle `fh`, oldest first.
+    pub fn locks_of(&self, fh: u64) -> Vec<Arc<[u8]>> {
+        self.locks.get(&fh).cloned().unwrap_or_default()
+    }
+
     /// The kernel closes handle `fh`. Returns the driver's handle to release.
     pub fn release(&mut self, fh: u64, dir: bool) -> ToDriver {
+        if !dir {
+            self.locks.remove(&fh);
+        }
         match self.handles.remove(&(fh, dir)) {
             Some(Handle {
                 driver: Some(driver),
@@ -793,6 +868,49 @@ mod tests {
         assert_eq!(t.handle_count(), 2);
         assert_eq!(t.release(b, false), ToDriver::Mapped(0));
         assert_eq!(t.handle_count(), 1);
+    }
+
+    fn lock_request(owner: u64, start: u64, end: u64, typ: u32, flock: bool) -> Arc<[u8]> {
+        let mut msg = vec![0u8; size::IN_HEADER];
+        for field in [7u64, owner, start, end] {
+            msg.extend_from_slice(&field.to_ne_bytes());
+        }
+        for field in [typ, 0, u32::from(flock), 0] {
+            msg.extend_from_slice(&field.to_ne_bytes());
+        }
+        msg.into()
+    }
+
+    #[test]
+    fn only_locks_that_still_hold_are_kept() {
+        let (rd, wr, un): (u32, u32, u32) = (0, 1, 2);
+        let mut t = ObjectTable::new();
+        let flock_ex = lock_request(1, 0, 0, wr, true);
+        t.locked(7, lock_request(1, 0, 0, rd, true));
+        t.locked(7, flock_ex.clone());
+        assert_eq!(
+            t.locks_of(7),
+            vec![flock_ex.clone()],
+            "the later flock replaces"
+        );
+        let posix = lock_request(9, 0, 99, wr, false);
+        t.locked(7, posix.clone());
+        t.locked(7, lock_request(8, 0, i64::MAX as u64, un, false));
+        assert_eq!(t.locks_of(7).len(), 2, "another owner's unlock leaves them");
+        t.locked(7, lock_request(9, 0, i64::MAX as u64, un, false));
+        assert_eq!(
+            t.locks_of(7),
+            vec![flock_ex],
+            "the owner's full unlock ends its locks"
+        );
+        t.locked(7, lock_request(1, 0, 0, un, true));
+        assert!(t.locks_of(7).is_empty());
+        t.locked(7, posix);
+        t.release(7, false);
+        assert!(
+            t.locks_of(7).is_empty(),
+            "closing the handle ends its locks"
+        );
     }
 
     #[test]

@@ -1172,6 +1172,16 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
         if shared.redo.is_some() {
             record_mutation(shared, &request);
         }
+        if matches!(
+            Opcode::from_raw(request.opcode),
+            Some(Opcode::Setlk | Opcode::Setlkw)
+        ) {
+            // Taken again if the driver is restarted (`fh` leads fuse_lk_in).
+            let bytes = kernel_bytes(&request);
+            if let Some(fh) = read_u64(&bytes, size::IN_HEADER) {
+                shared.objects().locked(fh, bytes.into());
+            }
+        }
         if request.opcode == Opcode::Getattr as u32
             && read_u64(request.request.bytes(), NODEID_AT) == Some(ROOT_ID)
         {
@@ -1186,6 +1196,13 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
     })
 }
 
+/// A copy of a request in flight in the kernel's ids.
+fn kernel_bytes(request: &Inflight) -> Vec<u8> {
+    let mut bytes = request.request.bytes().to_vec();
+    request.request.patches.undo(&mut bytes);
+    bytes
+}
+
 /// Adds a change the driver acknowledged to the redo log, with the paths of the nodes it names.
 fn record_mutation(shared: &Shared, request: &Inflight) {
     let (Some(redo), Some(op)) = (&shared.redo, Opcode::from_raw(request.opcode)) else {
@@ -1194,8 +1211,7 @@ fn record_mutation(shared: &Shared, request: &Inflight) {
     if !tracker::redo::is_mutation(op) {
         return;
     }
-    let mut bytes = request.request.bytes().to_vec();
-    request.request.patches.undo(&mut bytes);
+    let bytes = kernel_bytes(request);
     let Ok(req) = Request::parse(&bytes) else {
         return;
     };

@@ -378,6 +378,7 @@ impl NewDriver<'_> {
                 Some(driver_fh) => {
                     if self.shared.objects().restore_handle(fh, dir, driver_fh) {
                         restored.handles += 1;
+                        self.retake_locks(fh)?;
                     } else {
                         self.release(driver_node, driver_fh, flags, dir);
                     }
@@ -611,6 +612,35 @@ impl NewDriver<'_> {
         if !self.shared.objects().count_driver_lookup(driver_node) {
             self.forget(driver_node);
         }
+    }
+
+    /// Takes the locks held through the kernel's file handle `fh` again (never waiting: a
+    /// lock someone else took meanwhile is lost, and counted).
+    fn retake_locks(&self, fh: u64) -> Result<(), String> {
+        let locks = self.shared.objects().locks_of(fh);
+        for request in locks {
+            let mut bytes = request.to_vec();
+            bytes[4..8].copy_from_slice(&(Opcode::Setlk as u32).to_ne_bytes());
+            let Ok(fields) = Request::parse(&bytes).map(|req| req.id_fields()) else {
+                continue;
+            };
+            let taken = match translate(self.shared, self.driver, &mut bytes, fields, self.timeout)
+            {
+                Ok(_) => self
+                    .call(bytes, ReplyShape::Empty)
+                    .map_err(|e| format!("taking a lock again: {e}"))?
+                    .is_ok(),
+                Err(_) => false,
+            };
+            if !taken {
+                tracing::warn!("a lock held through handle {fh} could not be taken again");
+                self.shared
+                    .stats
+                    .lost_objects
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
     }
 
     /// The driver's id of the kernel's directory `parent`, looked up if need be.
