@@ -6,17 +6,20 @@
 # second sends the serving driver SIGKILL, SIGSEGV or SIGABRT in turn, and meanwhile runs a
 # workload of ordinary tools, in rounds: tar unpacks /usr/include, sha256sum checks every file,
 # rm deletes half the files, mv renames every top-level entry, sha256sum checks what is left,
-# and rm -r removes the rest (but the last round's). Then it stops the killer, prints how often
-# the driver died, how many errors the applications saw, how long recoveries took and what was
-# lost, unmounts, and checks the image with e2fsck -fn.
+# and rm -r removes the rest (but the last round's). Rounds go on for about 90 s. Then it stops
+# the killer, prints how often the driver died, how many errors the applications saw, how long
+# recoveries took and what was lost, unmounts, and checks the image with e2fsck -fn.
 #
 # Exits 0 only when the applications saw no error and the data at rest is right (e2fsck clean
-# for fuse2fs; for passthrough_ll, the source directory holds exactly the expected files).
+# for fuse2fs; for passthrough_ll, the source directory holds exactly the expected files). A
+# step blocked for DEMO_STEP_TIMEOUT seconds (a request nobody answers) gets the FUSE connection
+# aborted, so the demo fails instead of hanging.
 #
 #   scripts/demo.sh                              fuse2fs on a 256 MiB ext4 image
 #   DEMO_DRIVER=passthrough_ll scripts/demo.sh   libfuse's passthrough_ll serving a directory
 #   DEMO_KILL_INTERVAL=0.5 scripts/demo.sh       kill more often (seconds between kills)
-#   DEMO_ROUNDS=1 scripts/demo.sh                one round of the workload instead of 4
+#   DEMO_SECONDS=300 scripts/demo.sh             start new rounds for 300 s instead of 90
+#   DEMO_ROUNDS=1 scripts/demo.sh                exactly one round (at most 10 by default)
 #
 # Run as root on a fresh machine: it installs what it needs, and is safe to run again.
 set -euo pipefail
@@ -26,7 +29,10 @@ export PATH="$HOME/.cargo/bin:/usr/local/go/bin:$PATH"
 driver=${DEMO_DRIVER:-fuse2fs}
 interval=${DEMO_KILL_INTERVAL:-1}
 tree=${DEMO_TREE:-/usr/include}
-rounds=${DEMO_ROUNDS:-4}
+max_rounds=${DEMO_ROUNDS:-10}
+budget=${DEMO_SECONDS:-90}
+step_timeout=${DEMO_STEP_TIMEOUT:-300}
+if [ -n "${DEMO_ROUNDS:-}" ]; then budget=999999; fi
 case $driver in
   fuse2fs | passthrough_ll) ;;
   *) echo "demo: DEMO_DRIVER must be fuse2fs or passthrough_ll, not '$driver'" >&2; exit 2 ;;
@@ -44,8 +50,15 @@ mnt="$work/mnt"
 export REBOUND_RUN_DIR="$work/run"
 rebound_pid=""
 killer_pid=""
+watchdog_pid=""
+conn=""
 cleanup() {
+  if [ -n "$watchdog_pid" ] && kill -0 "$watchdog_pid" 2>/dev/null; then kill "$watchdog_pid"; wait "$watchdog_pid" || true; fi
   if [ -n "$killer_pid" ] && kill -0 "$killer_pid" 2>/dev/null; then kill "$killer_pid"; wait "$killer_pid" || true; fi
+  # Interrupted with requests blocked: abort the connection, or umount and rm could hang.
+  if [ -n "$conn" ] && [ -e "$conn/abort" ] && [ "$(cat "$conn/waiting" 2>/dev/null || echo 0)" != 0 ]; then
+    echo 1 >"$conn/abort" 2>/dev/null || true
+  fi
   if mountpoint -q "$mnt" 2>/dev/null; then umount "$mnt" 2>/dev/null || umount -l "$mnt"; fi
   if [ -n "$rebound_pid" ] && kill -0 "$rebound_pid" 2>/dev/null; then kill "$rebound_pid"; wait "$rebound_pid" || true; fi
   rm -rf "$work"
@@ -67,12 +80,20 @@ probe_timeout_ms = 5000
 on_budget_exhausted = "fail-requests"
 EOF
 if [ "$driver" = fuse2fs ]; then
-  step "an ext4 image of 256 MiB"
-  truncate -s 256M "$work/disk.img"
+  # Room for the tree twice (a round's tree and, briefly, the previous round's remains).
+  tree_mib=$(( $(du -sm "$tree" | cut -f1) ))
+  image_mib=$(( tree_mib * 3 < 256 ? 256 : tree_mib * 3 ))
+  step "an ext4 image of $image_mib MiB"
+  truncate -s "${image_mib}M" "$work/disk.img"
   mkfs.ext4 -q -F "$work/disk.img"
   # fuse2fs keeps bitmaps and other metadata in memory until it flushes: a killed fuse2fs
-  # leaves its image inconsistent, and rebound repairs it before each restart.
-  echo "pre_restart = [\"e2fsck\", \"-fy\", \"$work/disk.img\"]" >>"$work/rebound.toml"
+  # loses work it acknowledged and leaves its image inconsistent. rebound keeps a redo log of
+  # what the driver acknowledged since its last checkpoint, repairs the image before each
+  # restart, and replays the log in the new driver.
+  cat >>"$work/rebound.toml" <<EOF
+redo_log = true
+pre_restart = ["e2fsck", "-fy", "$work/disk.img"]
+EOF
   driver_argv=(fuse2fs "$work/disk.img" "$mnt" -o fakeroot)
 else
   mkdir "$work/src"
@@ -91,6 +112,9 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 grep " $mnt " /proc/self/mounts
+# The mount's FUSE connection (fusectl names it by the kernel's dev_t: major << 20 | minor).
+dev=$(awk -v m="$mnt" '$5 == m { print $3 }' /proc/self/mountinfo | tail -n 1)
+conn="/sys/fs/fuse/connections/$(( (${dev%%:*} << 20) | ${dev##*:} ))"
 
 # The killer: every INTERVAL seconds, if the mount is being served, send its driver the next
 # of SIGKILL, SIGSEGV, SIGABRT, and wait until rebound has noticed. It gathers the recovery
@@ -171,6 +195,29 @@ json.dump({"sent": sent, "effective": effective, "missed": missed, "by_signal": 
 EOF
 
 # --- the workload: each tool's errors are counted, none is hidden -------------------------
+# The watchdog: a step still running at its deadline is blocked on a request nobody answers;
+# aborting the FUSE connection fails that request (and every later one) with ENOTCONN.
+watchdog() {
+  while sleep 1; do
+    if [ -s "$work/deadline" ] && [ "$EPOCHSECONDS" -gt "$(cat "$work/deadline")" ]; then
+      echo "   !! a step is blocked for more than $step_timeout s: aborting the FUSE connection" >&2
+      touch "$work/aborted"
+      echo 1 >"$conn/abort"
+      return
+    fi
+  done
+}
+# begin: a step starts; it has step_timeout seconds. False when the demo cannot go on: the
+# mount is gone (the workload would write into the directory under it) or was aborted.
+begin() {
+  echo $((EPOCHSECONDS + step_timeout)) >"$work/deadline"
+  if [ -e "$work/aborted" ]; then return 1; fi
+  if ! grep -q " $mnt fuse" /proc/self/mounts; then
+    echo "   !! $mnt is not mounted any more"
+    errors["mount gone"]=1
+    return 1
+  fi
+}
 declare -A errors=()
 failed_output="$work/failures.txt"
 : >"$failed_output"
@@ -191,6 +238,7 @@ record() {
 # Drops the page cache of every file under $1, so that checksums read through the driver.
 evict() {
   local st=0
+  begin || return 1
   python3 - "$1" <<'EOF' 2>"$work/evict.err" || st=$?
 import os, sys
 errors = 0
@@ -210,6 +258,7 @@ EOF
 # verify DIR LIST: sha256sum -c of LIST in DIR.
 verify() {
   local st=0
+  begin || return 1
   (cd "$1" && sha256sum --quiet -c "$2") >"$work/sum.out" 2>"$work/sum.err" || st=$?
   cat "$work/sum.err" >>"$work/sum.out"
   record "sha256sum -c ($(wc -l <"$2") files)" "$(grep -c 'FAILED' "$work/sum.out" || true)" "$st" "$work/sum.out"
@@ -230,23 +279,28 @@ step "killer: every ${interval} s, SIGKILL / SIGSEGV / SIGABRT the serving drive
 python3 "$work/killer.py" "$rebound" "$mnt" "$interval" "$work/killer.json" &
 killer_pid=$!
 started=$EPOCHREALTIME
+started_s=$EPOCHSECONDS
 
 # One round, in directory $mnt/N: unpack, verify, delete every second file, rename every
-# top-level entry, verify again, check nothing deleted is left; all rounds but the last then
-# remove their tree (rm -r), so the image does not fill up.
+# top-level entry, verify again, check nothing deleted is left. False if the demo cannot go on.
 workload_round() {
-  local n=$1 dir="$mnt/$1" st entry entries=0 mv_failed=0
-  mkdir "$dir"
+  local dir="$mnt/$1" st entry entries=0 mv_failed=0
+  begin || return 1
+  st=0
+  mkdir "$dir" 2>"$work/mkdir.err" || st=$?
+  if [ "$st" != 0 ]; then record "mkdir" 1 "$st" "$work/mkdir.err"; fi
   st=0
   tar -C "$dir" -xf "$work/tree.tar" 2>"$work/tar.err" || st=$?
   record "tar -x ($files files)" "$(grep -vc 'Exiting with failure status' "$work/tar.err" || true)" "$st" "$work/tar.err"
-  evict "$dir/$top"
-  verify "$dir" "$work/expected.sha256"
+  evict "$dir/$top" || return 1
+  verify "$dir" "$work/expected.sha256" || return 1
 
+  begin || return 1
   st=0
   (cd "$dir" && xargs -0 rm -- <"$work/delete.list") 2>"$work/rm.err" || st=$?
   record "rm ($(tr -cd '\0' <"$work/delete.list" | wc -c) files)" "$(grep -c '^rm:' "$work/rm.err" || true)" "$st" "$work/rm.err"
 
+  begin || return 1
   : >"$work/mv.err"
   for entry in "$dir/$top"/*; do
     entries=$((entries + 1))
@@ -254,25 +308,41 @@ workload_round() {
   done
   record "mv ($entries top-level entries)" "$mv_failed" 0 "$work/mv.err"
 
-  evict "$dir/$top"
-  verify "$dir" "$work/after.sha256"
+  evict "$dir/$top" || return 1
+  verify "$dir" "$work/after.sha256" || return 1
   # Nothing that was deleted or renamed away may still be there.
+  begin || return 1
   (cd "$dir" && find "$top" -type f | sort) >"$work/present.txt" 2>"$work/find.err" || true
   comm -23 "$work/present.txt" "$work/wanted.txt" >"$work/extra.txt"
   cat "$work/find.err" >>"$work/extra.txt"
   record "find (no deleted or renamed-away file left)" "$(wc -l <"$work/extra.txt")" 0 "$work/extra.txt"
-
-  if [ "$n" -lt "$rounds" ]; then
-    st=0
-    rm -r -- "$dir" 2>"$work/rm.err" || st=$?
-    record "rm -r (the rest)" "$(grep -c '^rm:' "$work/rm.err" || true)" "$st" "$work/rm.err"
-  fi
 }
 
-for round in $(seq "$rounds"); do
-  step "workload round $round of $rounds, while the driver is being killed"
-  workload_round "$round"
+watchdog &
+watchdog_pid=$!
+round=0
+while :; do
+  round=$((round + 1))
+  step "workload round $round, while the driver is being killed"
+  workload_round "$round" || break
+  # Another round if time is left; the tree of the last round stays for the final checks.
+  if [ "$round" -ge "$max_rounds" ] || [ $((EPOCHSECONDS - started_s)) -ge "$budget" ]; then
+    break
+  fi
+  begin || break
+  st=0
+  rm -r -- "${mnt:?}/$round" 2>"$work/rm.err" || st=$?
+  record "rm -r (the rest)" "$(grep -c '^rm:' "$work/rm.err" || true)" "$st" "$work/rm.err"
 done
+rm -f "$work/deadline"
+kill "$watchdog_pid" 2>/dev/null || true
+wait "$watchdog_pid" 2>/dev/null || true
+watchdog_pid=""
+hung=0
+if [ -e "$work/aborted" ]; then
+  hung=1
+  errors["blocked step (connection aborted)"]=1
+fi
 elapsed=$(python3 -c "print($EPOCHREALTIME - $started)")
 
 step "stop the killer"
@@ -281,7 +351,11 @@ wait "$killer_pid" || { echo "the killer failed" >&2; exit 1; }
 killer_pid=""
 
 step "unmount: rebound stops the driver and exits"
-umount "$mnt"
+if grep -q " $mnt " /proc/self/mounts; then
+  umount "$mnt" || umount -l "$mnt"
+else
+  echo "$mnt is not mounted any more"
+fi
 rebound_status=0
 wait "$rebound_pid" || rebound_status=$?
 rebound_pid=""
@@ -296,28 +370,33 @@ if [ "$driver" = fuse2fs ]; then
 else
   step "the source directory, without the driver: exactly the expected files"
   at_rest=0
-  (cd "$work/src/$rounds" && sha256sum --quiet -c "$work/after.sha256") || at_rest=1
-  (cd "$work/src/$rounds" && find "$top" -type f | sort) | cmp -s - "$work/wanted.txt" || { echo "the source directory holds other files than expected"; at_rest=1; }
+  (cd "$work/src/$round" && sha256sum --quiet -c "$work/after.sha256") >"$work/at-rest.out" 2>&1 || at_rest=1
+  (cd "$work/src/$round" && find "$top" -type f | sort) 2>&1 | cmp -s - "$work/wanted.txt" || { echo "the source directory holds other files than expected" >>"$work/at-rest.out"; at_rest=1; }
+  if [ "$at_rest" != 0 ]; then head -n 20 "$work/at-rest.out"; else echo "all $(wc -l <"$work/after.sha256") files as expected"; fi
   at_rest_what="checksums and file list of the source directory"
 fi
 
 # --- the summary ---------------------------------------------------------------------------
 total_errors=0
 for k in "${!errors[@]}"; do total_errors=$((total_errors + errors[$k])); done
-python3 - "$work/killer.json" "$driver" "$interval" "$elapsed" "$total_errors" <<'EOF'
+python3 - "$work/killer.json" "$driver" "$interval" "$elapsed" "$total_errors" "$round" <<'EOF'
 import json, sys
 k = json.load(open(sys.argv[1]))
 driver, interval, elapsed, errors = sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
+rounds = sys.argv[6]
 st = k["status"] or {}
 lat = sorted(k["latencies"])
 def rank(p):
     return lat[min(len(lat) - 1, max(0, -(-len(lat) * p // 100) - 1))]
 sigs = ", ".join(f"{n} {c}" for n, c in sorted(k["by_signal"].items()))
-print(f"\n== summary: {driver} under rebound, killed every {interval} s for {elapsed:.0f} s")
+print(f"\n== summary: {driver} under rebound, killed every {interval} s for {elapsed:.0f} s "
+      f"({rounds} workload rounds)")
 print(f"  driver killed           {k['effective']} times ({sigs or 'none'})"
       + (f"; {k['missed']} signals hit no serving driver" if k["missed"] else ""))
+extra = st.get("failures", 0) - k["effective"]
 print(f"  rebound saw             {st.get('failures', '?')} failures, "
-      f"restarted the driver {st.get('restarts', '?')} times")
+      f"restarted the driver {st.get('restarts', '?')} times"
+      + (f" ({extra} failures were not the killer's)" if extra > 0 else ""))
 print(f"  errors in applications  {errors}")
 if lat:
     print(f"  recovery latency        {len(lat)} recoveries: median {rank(50):.1f} ms, "
@@ -332,11 +411,19 @@ for k in "${!errors[@]}"; do
   if [ "${errors[$k]}" -gt 0 ]; then echo "    $k: ${errors[$k]}"; fi
 done
 echo "  $at_rest_what: $([ "$at_rest" = 0 ] && echo clean || echo "NOT CLEAN (status $at_rest)")"
+echo "  rebound's errors and warnings, counted (numbers shown as N):"
+sed 's/\x1b\[[0-9;]*m//g' "$work/rebound.log" | grep -E '^[^ ]+ +(ERROR|WARN) ' \
+  | sed -E 's/^[^ ]+ +(ERROR|WARN) +/\1 /; s#'"$work"'/?##g; s/[0-9]+(\.[0-9]+)?/N/g' \
+  | sort | uniq -c | sort -rn | head -n 12 | sed 's/^/    /' || true
 echo "  rebound exit status     $rebound_status"
 
 kills=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["effective"])' "$work/killer.json")
 echo
 verdict=0
+if [ "$hung" = 1 ]; then
+  echo "FAIL: an application was blocked for more than $step_timeout s on a request nobody answered; the FUSE connection was aborted"
+  verdict=1
+fi
 if [ "$total_errors" -gt 0 ]; then
   echo "FAIL: applications saw $total_errors error(s) while $driver was being killed (details above)"
   verdict=1
@@ -359,7 +446,7 @@ if [ "$verdict" = 0 ]; then
 else
   # The work directory goes away; what explains the failure stays.
   logs=$(mktemp -d /tmp/rebound-demo-failed.XXXXXX)
-  for f in failures.txt rebound.log rebound.toml killer.json fsck.out; do
+  for f in failures.txt rebound.log rebound.toml killer.json fsck.out at-rest.out; do
     if [ -e "$work/$f" ]; then cp "$work/$f" "$logs/"; fi
   done
   echo "logs (every failed operation, rebound's log, the killer's record): $logs"
