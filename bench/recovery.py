@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -47,11 +48,12 @@ SETTLE = 0.5  # seconds of undisturbed workload between a recovery and the next 
 
 
 def config(driver, work):
-    """Restart at once, as often as needed; fuse2fs gets its image repaired between runs."""
+    """Restart at once, as often as needed; fuse2fs, which loses acknowledged work when
+    killed, gets the redo log and its image repaired between runs (as the README says)."""
     text = ("restart_budget = 1000000\nrestart_window_ms = 60000\n"
             "restart_backoff_ms = 0\nrestart_backoff_max_ms = 0\n")
     if driver == "fuse2fs":
-        text += f'pre_restart = ["e2fsck", "-fy", "{work / "disk.img"}"]\n'
+        text += f'redo_log = true\npre_restart = ["e2fsck", "-fy", "{work / "disk.img"}"]\n'
     return text
 
 
@@ -78,7 +80,7 @@ class Workload(threading.Thread):
         self.gen = [0] * n
         self.stop = threading.Event()
         self.ops = 0
-        self.errors = []
+        self.errors = []  # (when it ended, seconds it took, what went wrong)
         self.slow = []  # (start, seconds) of operations longer than 2 ms
 
     def path(self, i):
@@ -100,32 +102,40 @@ class Workload(threading.Thread):
         finally:
             os.close(fd)
         if data != content(i, self.gen[i]):
-            self.errors.append(f"read {self.path(i).name}: content mismatch "
-                               f"(expected generation {self.gen[i]}, got {data[:30]!r})")
+            return (f"read {self.path(i).name}: content mismatch "
+                    f"(expected generation {self.gen[i]}, got {data[:30]!r})")
+        return None
 
     def op(self, kind, i):
+        """One operation; what went wrong, or None."""
+        step = ("stat", "read", "rewrite: open(O_TRUNC)")[kind]
         try:
             if kind == 0:
                 os.stat(self.path(i))
             elif kind == 1:
-                self.read_check(i)
+                return self.read_check(i)
             else:
                 fd = os.open(self.path(i), os.O_WRONLY | os.O_TRUNC)
                 try:
+                    step = "rewrite: write"
                     os.write(fd, content(i, self.gen[i] + 1))
+                    step = "rewrite: close"
                 finally:
                     os.close(fd)
                 self.gen[i] += 1
         except OSError as e:
-            self.errors.append(f"{('stat', 'read', 'write')[kind]} {self.path(i).name}: {e}")
+            return f"{step} {self.path(i).name}: {e.strerror}"
+        return None
 
     def run(self):
         rng = random.Random(1)
         while not self.stop.is_set():
             i = rng.randrange(self.n)
             start = time.monotonic()
-            self.op(self.ops % 3, i)
+            error = self.op(self.ops % 3, i)
             took = time.monotonic() - start
+            if error:
+                self.errors.append((start + took, took, error))
             if took > 0.002:
                 self.slow.append((start, took))
             self.ops += 1
@@ -133,10 +143,14 @@ class Workload(threading.Thread):
 
     def verify_all(self):
         for i in range(self.n):
+            start = time.monotonic()
             try:
-                self.read_check(i)
+                error = self.read_check(i)
             except OSError as e:
-                self.errors.append(f"final read {self.path(i).name}: {e}")
+                error = f"read {self.path(i).name}: {e}"
+            if error:
+                self.errors.append((time.monotonic(), time.monotonic() - start,
+                                    "final check: " + error))
 
 
 class Latencies:
@@ -222,12 +236,21 @@ def measure(driver, args, sshd):
             "restarts": st["restarts"], "failures": st["failures"],
             "lost_objects": st["lost_objects"], "requests": st["requests"],
             "workload_ops": load.ops, "workload_errors": len(load.errors),
-            "error_samples": load.errors[:10],
+            "error_samples": [explain(e, kill_times) for e in load.errors[:10]],
             "nodes_median": sorted(nodes)[len(nodes) // 2] if nodes else None,
             "recovery_ms": lat.all, "stall_ms": stalls,
         })
         m.stop()
         row["rebound_exit"] = m.returncode
+        row["rebound_says"] = log_kinds(m.stderr(), m.work)
+        if load.errors or m.returncode:
+            # What rebound said beyond the kills and the recoveries, to explain the errors.
+            log = [line for line in m.stderr().splitlines()
+                   if ("WARN" in line or "ERROR" in line) and not KILLED.search(line)]
+            row["rebound_log"] = log[-60:]
+        if args.keep_logs:
+            Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
+            (Path(args.keep_logs) / f"{driver}.log").write_text(m.stderr())
         if mounts.DRIVERS[driver][1] == "image":
             ok, report = mounts.e2fsck(m.img)
             row["e2fsck_clean"] = ok
@@ -235,10 +258,35 @@ def measure(driver, args, sshd):
                 row["e2fsck_report"] = report[-2000:]
     except Exception as e:  # recorded, not fatal: the table shows the gap
         row["error"] = f"{type(e).__name__}: {e}"[:2000]
-        row["rebound_log"] = m.stderr()[-3000:]
+        row["rebound_log"] = m.stderr().splitlines()[-60:]
     finally:
         m.cleanup()
     return row
+
+
+# How rebound reports a driver that was killed.
+KILLED = re.compile(r"failed: driver (closed its channel|process gone)")
+
+
+def log_kinds(log, work):
+    """rebound's errors and warnings, counted by kind (numbers and paths left out)."""
+    kinds = {}
+    for line in re.sub(r"\x1b\[[0-9;]*m", "", log).splitlines():
+        m = re.match(r"\S+\s+(ERROR|WARN)\s+(.*)", line)
+        if m:
+            text = re.sub(r"\d+(\.\d+)?", "N", m.group(2).replace(str(work), "WORK"))
+            kind = f"{m.group(1)} {text}"
+            kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+def explain(error, kill_times):
+    """An error of the workload, with when it happened relative to the kills."""
+    end, took, what = error
+    before = [k for k, t in enumerate(kill_times) if t <= end - took]
+    when = (f"started {end - took - kill_times[before[-1]]:.2f} s after kill {before[-1] + 1}"
+            if before else "started before the first kill")
+    return f"{what} (took {took * 1000:.0f} ms, {when})"
 
 
 def fmt(x):
@@ -246,9 +294,9 @@ def fmt(x):
 
 
 def table(rows):
-    lines = ["| driver | kills | restarts | workload errors | median ms | p90 ms | p99 ms | "
-             "max ms | app stall median / max ms | nodes held | lost objects |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| driver | kills | failures | restarts | workload errors | median ms | p90 ms | "
+             "p99 ms | max ms | app stall median / max ms | nodes held | lost objects |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for r in rows:
         name = LABELS.get(r["driver"], r["driver"])
@@ -258,7 +306,8 @@ def table(rows):
         lat, stall = r["recovery_ms"], r["stall_ms"]
         q = (lambda p: percentile(lat, p)) if lat else (lambda p: None)
         lines.append(
-            f"| {name} | {r['kills']} | {r['restarts']} | **{r['workload_errors']}** | "
+            f"| {name} | {r['kills']} | {r['failures']} | {r['restarts']} | "
+            f"**{r['workload_errors']}** | "
             f"**{fmt(q(50))}** | {fmt(q(90))} | {fmt(q(99))} | {fmt(max(lat) if lat else None)}"
             f" | {fmt(percentile(stall, 50) if stall else None)} / "
             f"{fmt(max(stall) if stall else None)} | {r['nodes_median']} | "
@@ -268,6 +317,14 @@ def table(rows):
         if r["workload_errors"]:
             notes.append(f"- {name}: the workload saw {r['workload_errors']} errors, e.g. "
                          + "; ".join(f"`{e}`" for e in r["error_samples"][:3]))
+        unusual = {k: n for k, n in r.get("rebound_says", {}).items()
+                   if not KILLED.search(k)}
+        if unusual:
+            notes.append(f"- {name}: rebound also said: " + "; ".join(
+                f"`{k}` ({n}x)" for k, n in sorted(unusual.items(), key=lambda x: -x[1])))
+        if r["failures"] > r["kills"]:
+            notes.append(f"- {name}: {r['failures'] - r['kills']} driver failures were not "
+                         "the benchmark's kills.")
         if r.get("e2fsck_clean") is False:
             notes.append(f"- {name}: e2fsck -fn of the image after the run is NOT clean.")
         if r.get("rebound_exit") not in (0, None):
@@ -358,6 +415,7 @@ def main():
     p.add_argument("--kills", type=int, default=30)
     p.add_argument("--files", type=int, default=3000, help="files in the workload's tree")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--keep-logs", metavar="DIR", help="copy rebound's log of each driver to DIR")
     p.add_argument("--report", nargs="+", metavar="JSONL",
                    help="only render the table (and plot) of earlier runs' result files")
     p.add_argument("--plot", nargs=2, metavar=("JSONL", "PNG"), help=argparse.SUPPRESS)
@@ -384,7 +442,7 @@ def main():
                             capture_output=True, text=True).stdout.strip()
     meta = {"started": started, "commit": commit, "machine": platform.machine(),
             "kernel": platform.release(), "cpus": os.cpu_count(), "kills": args.kills,
-            "files": args.files, "command": "bench/recovery.py " + " ".join(sys.argv[1:])}
+            "files": args.files, "command": " ".join(["bench/recovery.py"] + sys.argv[1:])}
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"recovery-{started.replace(':', '')}.jsonl"
     rows = []
