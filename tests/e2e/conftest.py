@@ -3,14 +3,24 @@
 Owns: the preconditions of a run (root, /dev/fuse, built fixtures, the rebound binary for
 rebound-mode tests), the session's private sshd, the `mount` factory every test mounts with,
 the `direct` / `rebound` markers (from a test's `mode` parameter, so `-m direct` selects the
-tests that need no rebound binary), and a last check that the session left no mount behind.
+tests that need no rebound binary), the `recovery` marker, the tree workload's tarball (built
+once per session), and a last check that the session left no mount behind.
 """
 
 import os
+import resource
+from pathlib import Path
 
 import pytest
 
 import mounts
+import workloads
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "recovery: drivers killed or hung under rebound, which must restart them "
+                   "unnoticed (test_recovery.py; REBOUND_SOAK=1 for the long versions)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -76,3 +86,31 @@ def workdir():
     path = mounts.new_workdir("work")
     yield path
     mounts.remove_workdir(path)
+
+
+@pytest.fixture(scope="session")
+def many_open_files():
+    """Raises this process's open-file limit as far as it may, for the drivers it starts to
+    inherit: passthrough_ll keeps a descriptor for every inode the kernel knows, and the
+    workloads make tens of thousands of them. (Raising the hard limit needs CAP_SYS_RESOURCE;
+    without it, the soft limit goes up to the hard one.)"""
+    old = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = int(Path("/proc/sys/fs/nr_open").read_text())
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (top, top))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (old[1], old[1]))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, old)
+
+
+@pytest.fixture(scope="session")
+def tree_tarball():
+    """The tree workload's tarball of real content (workloads.build_tarball), at the size of
+    workloads.scale(): built once per session in its own /tmp/rebound-e2e-* directory."""
+    s = workloads.scale()
+    path = mounts.new_workdir("tarball")
+    try:
+        yield workloads.build_tarball(path / "tree.tar", s.tree_files, s.tree_bytes)
+    finally:
+        mounts.remove_workdir(path)

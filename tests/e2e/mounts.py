@@ -10,6 +10,7 @@ path names its mount point and so identifies its processes by their command line
 import contextlib
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -316,6 +317,19 @@ def driver_argv(driver, src, img, mnt, sshd=None):
     raise ValueError(f"unknown driver {driver}")
 
 
+def descriptor_shortfall(driver, inodes):
+    """Why driver cannot serve `inodes` inodes at once within the open-file limit it inherits
+    from this process, or None. passthrough_ll keeps an O_PATH descriptor for every inode the
+    kernel knows of; the other drivers need none per inode."""
+    if not driver.startswith("passthrough_ll"):
+        return None
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if limit >= inodes + 1000:
+        return None
+    return (f"{driver} keeps a descriptor per inode: {inodes} inodes do not fit in its "
+            f"open-file limit of {limit} (raising the hard limit needs CAP_SYS_RESOURCE)")
+
+
 def new_workdir(tag="mount"):
     """A fresh /tmp/rebound-e2e-TAG-XXXX directory, marked with the pid of this process so that
     another test session can tell an abandoned one (see stale_workdirs) from one in use."""
@@ -417,7 +431,8 @@ class Mount:
         cmd = [str(rebound_bin()), "run"]
         if self.config is not None:
             cfg = self.work / "rebound.toml"
-            cfg.write_text(self.config)
+            # IMAGE in a config stands for this mount's image file (fuse2fs' pre_restart).
+            cfg.write_text(self.config.replace("@IMAGE@", str(self.img)))
             cmd += ["--config", str(cfg)]
         return cmd + ["--"] + driver
 

@@ -69,7 +69,9 @@ pub(super) fn resolve(
     node: u64,
     timeout: Duration,
 ) -> io::Result<Option<u64>> {
-    let chain = match shared.objects().pending_path(node) {
+    // Bound first: a guard in a `match` scrutinee would live through the arms, which lock.
+    let chain = shared.objects().pending_path(node);
+    let chain = match chain {
         Some(chain) => chain,
         None => {
             lost(shared, node);
@@ -77,7 +79,8 @@ pub(super) fn resolve(
         }
     };
     for (at, parent, name) in chain {
-        let parent = match shared.objects().node_to_driver(parent) {
+        let parent_id = shared.objects().node_to_driver(parent);
+        let parent = match parent_id {
             ToDriver::Mapped(parent) => parent,
             ToDriver::Unknown => parent,
             ToDriver::Lost | ToDriver::Pending => {
@@ -117,7 +120,8 @@ pub(super) fn resolve(
             }
         }
     }
-    Ok(match shared.objects().node_to_driver(node) {
+    let mapped = shared.objects().node_to_driver(node);
+    Ok(match mapped {
         ToDriver::Mapped(driver_node) => Some(driver_node),
         ToDriver::Unknown => Some(node),
         ToDriver::Pending | ToDriver::Lost => None,
@@ -141,7 +145,8 @@ pub(super) fn translate(
 ) -> Result<tracker::Patches, tracker::Untranslated> {
     // Each round looks up one more pending node; a request names at most four.
     for _ in 0..=fuse_wire::ids::MAX_REQUEST_IDS {
-        let pending = match shared.objects().to_driver(msg, fields) {
+        let translated = shared.objects().to_driver(msg, fields);
+        let pending = match translated {
             Err(tracker::Untranslated::Pending(node)) => node,
             done => return done,
         };

@@ -1,0 +1,376 @@
+"""Recovery: rebound restarts a driver that crashes or hangs, and applications see no error.
+
+Owns: the proof, on real drivers (fuse2fs, passthrough_ll, sshfs, go-fuse):
+  - every workload of workloads.py runs to the end without a single application error or
+    wrong answer while chaos.py kills (SIGKILL, SIGSEGV, SIGABRT) or hangs (SIGSTOP) the
+    driver again and again; every injected failure shows in `rebound status`; afterwards
+    rebound stops cleanly, the backing store holds what the application last saw, and
+    fuse2fs's image passes e2fsck -fn;
+  - `rebound restart MOUNTPOINT` with a file held open;
+  - the restart budget: "fail-requests" (EIO, the mount stays) and "unmount" (rebound exits 1);
+  - an object that cannot be recovered (a file unlinked while open) fails with EIO, alone;
+  - a hang: a request waiting on a stopped driver completes once its deadline fires, and an
+    idle stopped driver is found by the liveness probe.
+
+Select with `-k recovery` (or `-m recovery`). REBOUND_SOAK=1 runs the long versions (the
+whole tree, two minutes of chaos per workload); REBOUND_CHAOS_SEED fixes the chaos seed
+(by default each test derives its own from its name, and prints it when it fails).
+"""
+
+import contextlib
+import errno
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import zlib
+
+import pytest
+
+import chaos
+import mounts
+import workloads
+from chaos import mount_status, recovered_from, serving, signal_descendant, wait_status
+from mounts import MiB, STOP_TIMEOUT, is_fuse_mounted, is_mounted, wait_for
+
+pytestmark = [pytest.mark.recovery, pytest.mark.rebound,
+              pytest.mark.usefixtures("many_open_files")]
+
+DRIVERS = ["fuse2fs", "passthrough_ll", "sshfs", "gofuse"]
+# Drivers over a backing directory, which a test can change behind the mount's back.
+DIR_DRIVERS = [d for d in DRIVERS if mounts.DRIVERS[d][1] == "dir"]
+# Drivers that really remove a file unlinked while open (libfuse's high-level API, under
+# fuse2fs and sshfs, renames it to .fuse_hidden* instead, which keeps it recoverable).
+UNLINKING_DRIVERS = ["passthrough_ll", "gofuse"]
+
+SOAK = workloads.soak()
+IMAGE_SIZE = (1024 if SOAK else 256) * MiB   # fuse2fs's image: the tree must fit
+WATCHDOG = 1800.0 if SOAK else mounts.WATCHDOG
+HANG_WORDS = re.compile(r"hang|hung|time[sd]? ?out|deadline|unanswered|not answer|probe", re.I)
+CHILD_TIMEOUT = 30  # seconds a file operation in a child process may take, hangs included
+
+
+def toml(**keys):
+    """A rebound config file setting keys."""
+    return "".join(f"{key} = {json.dumps(value)}\n" for key, value in keys.items())
+
+
+# Fails fast (deadlines of 1.5-3 s) and restarts at once, as often as it takes.
+CHAOS_CONFIG = toml(request_timeout_ms=3000, probe_timeout_ms=1500, restart_budget=10000,
+                    restart_backoff_ms=0)
+# fuse2fs loses what it has not flushed when killed: rebound keeps a redo log, and repairs the
+# image before each restart.
+FUSE2FS_CONFIG = toml(redo_log=True, pre_restart=["e2fsck", "-fy", "@IMAGE@"])
+
+
+def chaos_config(driver):
+    return CHAOS_CONFIG + (FUSE2FS_CONFIG if driver == "fuse2fs" else "")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_core_dumps():
+    """Drivers killed with SIGSEGV or SIGABRT dump no core (the limit is inherited)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_run_dir():
+    """The control sockets of this module's rebound runs in a directory of their own (unless
+    REBOUND_RUN_DIR is set), so that `rebound status` sees no other run on the machine."""
+    if os.environ.get("REBOUND_RUN_DIR"):
+        yield os.environ["REBOUND_RUN_DIR"]
+        return
+    path = mounts.new_workdir("run")
+    os.environ["REBOUND_RUN_DIR"] = str(path)
+    try:
+        yield str(path)
+    finally:
+        del os.environ["REBOUND_RUN_DIR"]
+        mounts.remove_workdir(path)
+
+
+@pytest.fixture
+def seed(request):
+    """REBOUND_CHAOS_SEED, or a seed of the test's own (stable across runs)."""
+    fixed = os.environ.get("REBOUND_CHAOS_SEED")
+    return int(fixed) if fixed else zlib.crc32(request.node.nodeid.encode())
+
+
+def tail(text, lines=60):
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def explain(m, *parts):
+    """A failure message: what the test saw, the mount's status and the end of rebound's log."""
+    try:
+        status = mount_status(m.mnt)
+    except (subprocess.SubprocessError, OSError, ValueError) as e:
+        status = f"<rebound status failed: {e}>"
+    return "\n".join([*map(str, parts), f"status: {status}",
+                      f"--- {m.describe()}: output (end) ---", tail(m.output())])
+
+
+def wait_serving(m, cond=serving, timeout=chaos.RECOVER_TIMEOUT):
+    """The mount's status once cond holds (by default: serving); fails the test after timeout,
+    or at once if rebound exits."""
+    def ready():
+        if m.proc.poll() is not None:
+            pytest.fail(explain(m, f"rebound exited with {m.proc.returncode}"))
+        status = mount_status(m.mnt)
+        return status if status is not None and cond(status) else None
+
+    status = wait_for(ready, timeout)
+    assert status is not None, explain(m, f"the mount was not serving within {timeout} s")
+    return status
+
+
+def kill_driver(m, status, sig=signal.SIGKILL):
+    """Sends sig to the serving driver of status; returns the condition "recovered"."""
+    pid = status["driver_pid"]
+    assert signal_descendant(pid, status["rebound_pid"], sig), \
+        explain(m, f"driver_pid {pid} is not a live process under rebound")
+    return recovered_from(pid, status.get("restarts", 0))
+
+
+def in_child(m, op, path, timeout=CHILD_TIMEOUT):
+    """(errno, result) of `op` ("stat": the size, "read": the data's length) on path in m, run
+    in a child process so that a hang fails the test instead of blocking it; errno 0 on
+    success. A caller whose request the driver side has already read cannot even be killed
+    until it is answered, so on timeout the mount's FUSE connection is aborted first."""
+    call = {"stat": "os.stat(p).st_size", "read": "len(open(p, 'rb').read())"}[op]
+    code = (f"import os, sys\np = sys.argv[1]\n"
+            f"try:\n print(0, {call})\nexcept OSError as e:\n print(e.errno, -1)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        why = explain(m, f"{op} {path} still waiting after {timeout} s")
+        conn = mounts.fuse_connection(m.mnt)
+        if conn is not None:
+            mounts.abort_connection(conn)
+        proc.kill()
+        proc.communicate()
+        pytest.fail(why)
+    assert proc.returncode == 0, f"{op} {path}: the child failed:\n{err}"
+    code, value = out.split()
+    return int(code), int(value)
+
+
+def errname(code):
+    return errno.errorcode.get(code, str(code)) if code else "success"
+
+
+# --- workloads under chaos ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("workload", workloads.WORKLOADS)
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_workload_survives_driver_failures(mount, tree_tarball, seed, driver, workload):
+    if workload == "tree" and (why := mounts.descriptor_shortfall(driver,
+                                                                  len(tree_tarball.entries))):
+        pytest.skip(why)
+    result = None
+
+    def backing_store_holds_the_result(m):
+        # After a clean stop (mount_driver has checked rebound's exit status, that nothing is
+        # left, and for fuse2fs that e2fsck -fn finds the image clean).
+        if m.src.exists() and result is not None and result.recheck is not None:
+            problems = result.recheck(m.src)
+            assert not problems, "the backing directory differs from what the application " \
+                                 "last saw:\n" + "\n".join(problems[:20])
+
+    with mount(driver, "rebound", config=chaos_config(driver), image_size=IMAGE_SIZE, watchdog=WATCHDOG,
+               after_stop=backing_store_holds_the_result) as m:
+        wait_serving(m)
+
+        def abort():  # the mount is lost: what waits on it fails now, not at the watchdog
+            conn = mounts.fuse_connection(m.mnt)
+            if conn is not None:
+                mounts.abort_connection(conn)
+
+        with chaos.Chaos(m.mnt, seed=seed, on_stuck=abort) as injector:
+            result = workloads.run(workload, m.mnt, tarball=tree_tarball, seed=seed)
+        status = injector.final
+        why = explain(m, result.summary(), injector.describe())
+        assert not injector.problems, why
+        assert result.ok, why
+        assert injector.injected >= 1, "the workload ended before the first injection\n" + why
+        assert status["failures"] >= injector.injected, \
+            "rebound status counts fewer failures than were injected\n" + why
+        assert status["restarts"] >= 1, why
+        assert status["last_failure"], why
+
+
+# --- forced restart ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_forced_restart_keeps_an_open_file(mount, driver):
+    data = os.urandom(2 * MiB)
+    with mount(driver, "rebound", config=toml(restart_backoff_ms=0)) as m:
+        path = m.mnt / "held"
+        path.write_bytes(data)
+        before = wait_serving(m)
+        assert before["restarts"] == 0, explain(m, "restarts before any restart")
+        fd = os.open(path, os.O_RDWR)
+        try:
+            assert os.read(fd, MiB) == data[:MiB]
+            rc, out, err, seconds = mounts.run_rebound(["restart", str(m.mnt)], timeout=60)
+            assert rc == 0, explain(m, f"rebound restart exited {rc}:\n{out}{err}")
+            after = mount_status(m.mnt)
+            assert after is not None and after["state"] == "serving", explain(m, after)
+            assert after["restarts"] == 1, explain(m, "restarts after one forced restart")
+            assert after["driver_pid"] != before["driver_pid"], \
+                explain(m, "the driver process did not change")
+            # What the kernel cached of the file goes, so reads reach the new driver.
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            rest = b""
+            while chunk := os.read(fd, MiB):
+                rest += chunk
+            assert rest == data[MiB:], "the rest of the file, read after the restart, differs"
+            assert os.pread(fd, 4096, 0) == data[:4096]
+            assert os.pwrite(fd, b"written after the restart", 0) == 25
+        finally:
+            os.close(fd)
+        assert workloads.read_uncached(path) == b"written after the restart" + data[25:]
+
+
+# --- restart budget ----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def rebound_mount(driver, config):
+    """A rebound mount for tests in which rebound is meant to end badly: no checks of a clean
+    stop, only the cleanup (no process, no mount, no directory left)."""
+    m = mounts.Mount(driver, "rebound", mounts.new_workdir(driver), config=config)
+    try:
+        m.prepare(64 * MiB)
+        m.start()
+        yield m
+    finally:
+        m.cleanup()
+
+
+def exhaust_budget(m, budget):
+    """Kills the driver budget + 1 times in a row, each time as soon as it serves again."""
+    status = wait_serving(m)
+    for _ in range(budget):
+        status = wait_serving(m, kill_driver(m, status))
+    kill_driver(m, status)
+
+
+def budget_config(policy):
+    return toml(restart_budget=2, restart_window_ms=60000, restart_backoff_ms=0,
+                on_budget_exhausted=policy)
+
+
+def test_budget_spent_fail_requests_keeps_the_mount_and_answers_eio(rebound_bin):
+    with rebound_mount("passthrough_ll", budget_config("fail-requests")) as m:
+        (m.mnt / "f").write_text("data")
+        exhaust_budget(m, 2)
+        status = wait_status(m.mnt, lambda s: s["state"] == "failed", chaos.RECOVER_TIMEOUT)
+        assert status is not None, explain(m, "state never became 'failed'")
+        assert status["restarts"] == 2 and status["failures"] == 3, explain(m, status)
+        # A name never looked up, so the kernel has to ask: rebound answers, with EIO.
+        assert errname(in_child(m, "stat", m.mnt / "never-seen")[0]) == "EIO", explain(m)
+        assert errname(in_child(m, "read", m.mnt / "f")[0]) == "EIO", explain(m)
+        assert is_fuse_mounted(m.mnt), "the mount went away"
+        assert m.proc.poll() is None, explain(m, f"rebound exited {m.proc.returncode}")
+        assert mount_status(m.mnt)["state"] == "failed"
+        # And it can still be stopped: SIGTERM unmounts.
+        m.proc.send_signal(signal.SIGTERM)
+        m.proc.wait(timeout=STOP_TIMEOUT)
+        assert not is_mounted(m.mnt), explain(m, "still mounted after SIGTERM")
+
+
+def test_budget_spent_unmount_exits_1_and_unmounts(rebound_bin):
+    with rebound_mount("passthrough_ll", budget_config("unmount")) as m:
+        (m.mnt / "f").write_text("data")
+        exhaust_budget(m, 2)
+        try:
+            rc = m.proc.wait(timeout=chaos.RECOVER_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(explain(m, "rebound still running after its budget was spent"))
+        assert rc == 1, explain(m, f"rebound exited {rc}")
+        assert not is_mounted(m.mnt), "still mounted after rebound exited"
+        assert wait_for(lambda: not m.leftover_processes(), 5.0), \
+            f"processes left behind: {m.leftover_processes()}"
+
+
+# --- what cannot be recovered ------------------------------------------------------------------
+
+@pytest.mark.parametrize("driver", UNLINKING_DRIVERS)
+def test_a_file_unlinked_while_open_is_lost_alone(mount, driver):
+    doomed_data, kept_data = os.urandom(64 * 1024), os.urandom(64 * 1024)
+    with mount(driver, "rebound", config=toml(restart_backoff_ms=0)) as m:
+        doomed, kept = m.mnt / "doomed", m.mnt / "kept"
+        doomed.write_bytes(doomed_data)
+        kept.write_bytes(kept_data)
+        doomed_fd = os.open(doomed, os.O_RDONLY)
+        kept_fd = os.open(kept, os.O_RDONLY)
+        try:
+            os.unlink(doomed)
+            assert os.read(doomed_fd, 10) == doomed_data[:10]  # fine before the failure
+            wait_serving(m, kill_driver(m, wait_serving(m)))
+            for fd in (doomed_fd, kept_fd):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # reads go to the driver
+            with pytest.raises(OSError) as lost:
+                os.pread(doomed_fd, 4096, 4096)
+            assert lost.value.errno == errno.EIO, explain(m, f"read: {lost.value!r}")
+            assert os.pread(kept_fd, 4096, 4096) == kept_data[4096:8192]
+            (m.mnt / "new").write_bytes(b"new file")
+            assert workloads.read_uncached(m.mnt / "new") == b"new file"
+            status = mount_status(m.mnt)
+            assert status["lost_objects"] >= 1, explain(m, status)
+        finally:
+            os.close(kept_fd)
+            try:
+                os.close(doomed_fd)
+            except OSError as e:  # the FLUSH of a lost handle may fail too, only with EIO
+                assert e.errno == errno.EIO, f"close of the lost file: {e!r}"
+
+
+# --- hangs -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("driver", DIR_DRIVERS)
+def test_a_request_to_a_hung_driver_completes_after_its_deadline(mount, driver):
+    """The driver is stopped (SIGSTOP) and never continued. A stat of a name the kernel has
+    never seen must reach it, wait, and succeed once rebound's request deadline has fired
+    and a new driver answers. The probe is set far out, so the request's deadline is what
+    fires."""
+    config = toml(request_timeout_ms=1500, probe_timeout_ms=600000, restart_backoff_ms=0)
+    with mount(driver, "rebound", config=config) as m:
+        (m.mnt / "before").write_text("before")
+        status = wait_serving(m)
+        hung = status["driver_pid"]
+        recovered = kill_driver(m, status, signal.SIGSTOP)
+        (m.src / "late").write_bytes(b"x" * 1234)  # behind the mount's back
+        err, size = in_child(m, "stat", m.mnt / "late")
+        assert (errname(err), size) == ("success", 1234), explain(m, f"stat: {errname(err)}")
+        after = wait_serving(m, recovered)
+        assert after["failures"] >= 1 and after["restarts"] >= 1, explain(m, after)
+        assert HANG_WORDS.search(after["last_failure"] or ""), \
+            explain(m, f"last_failure does not name a hang: {after['last_failure']!r}")
+        assert wait_for(lambda: not mounts.alive(hung), 10), "rebound left the hung driver"
+        assert (m.mnt / "before").read_text() == "before"
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_an_idle_hung_driver_is_found_by_the_probe(mount, driver):
+    """Nothing is asked of the mount while its driver is stopped: only rebound's liveness
+    probe can find the hang."""
+    config = toml(request_timeout_ms=600000, probe_timeout_ms=1000, restart_backoff_ms=0)
+    with mount(driver, "rebound", config=config) as m:
+        (m.mnt / "f").write_text("still here")
+        status = wait_serving(m)
+        hung = status["driver_pid"]
+        after = wait_serving(m, kill_driver(m, status, signal.SIGSTOP), timeout=20)
+        assert after["failures"] == 1 and after["restarts"] == 1, explain(m, after)
+        assert HANG_WORDS.search(after["last_failure"] or ""), \
+            explain(m, f"last_failure does not name a hang: {after['last_failure']!r}")
+        assert wait_for(lambda: not mounts.alive(hung), 10), "rebound left the hung driver"
+        assert workloads.read_uncached(m.mnt / "f") == b"still here"
