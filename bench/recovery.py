@@ -360,7 +360,7 @@ def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(7, 4.8))
     for r in rows:
         lat = sorted(r.get("recovery_ms") or [])
         if not lat:
@@ -374,8 +374,9 @@ def plot(rows, path):
     ax.set_ylabel("fraction of recoveries")
     ax.set_ylim(0, 1.02)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
     ax.set_title("rebound: recovery latency after SIGKILL of the driver")
+    # Below the axes: inside, it would hide the curves at one end or the other.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
