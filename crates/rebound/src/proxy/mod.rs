@@ -841,12 +841,14 @@ fn shadow_answer(shared: &Shared, info: &RequestInfo, queue: usize, msg: &[u8]) 
     let on_root = info.header.nodeid == ROOT_ID;
     let answered = match info.opcode {
         Some(Opcode::Getattr) if on_root => {
-            let attr = shared
+            let cached = shared
                 .root_attr
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
-            match attr {
+            // With nothing cached (the driver failed before it ever described the root),
+            // only the restarting driver gets a plain directory; others wait for it.
+            match cached.or_else(|| is_ours(info.header.pid).then(plain_root_attr)) {
                 Some(attr) => {
                     answer_with(shared, unique, queue, &attr);
                     true
@@ -876,6 +878,22 @@ fn shadow_answer(shared: &Shared, info: &RequestInfo, queue: usize, msg: &[u8]) 
         shared.stats.shadowed.fetch_add(1, Ordering::Relaxed);
     }
     answered
+}
+
+/// `fuse_attr_out` of a root directory about which nothing else is known, valid for no time.
+fn plain_root_attr() -> Vec<u8> {
+    use zerocopy::IntoBytes;
+    let attr = abi::AttrOut {
+        attr: abi::Attr {
+            ino: ROOT_ID,
+            mode: 0o040755,
+            nlink: 2,
+            blksize: 4096,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    attr.as_bytes().to_vec()
 }
 
 /// Whether `pid` is rebound or one of its descendants (a driver process, or its fusermount).

@@ -54,6 +54,8 @@ pub struct Mount {
     pub channel_inode: u64,
     /// The process that called `mount(2)`.
     pub caller: u32,
+    /// The caller is a mount helper (`fusermount3`), not the driver itself.
+    pub by_helper: bool,
 }
 
 /// Arguments of `mount(2)` as read from the caller.
@@ -245,6 +247,8 @@ fn mount_for_driver(
         .inspect_err(|_| {
             let _ = rustix::mount::unmount(&call.target, rustix::mount::UnmountFlags::DETACH);
         })?;
+    let by_helper = std::fs::read_to_string(format!("/proc/{}/comm", notif.pid))
+        .is_ok_and(|name| name.starts_with("fusermount"));
     Ok(Mount {
         mountpoint: call.target.clone(),
         fstype: String::from_utf8_lossy(&fstype).into_owned(),
@@ -252,6 +256,7 @@ fn mount_for_driver(
         channel,
         channel_inode,
         caller: notif.pid,
+        by_helper,
     })
 }
 

@@ -18,7 +18,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -74,6 +74,8 @@ struct Served {
     /// Inode of the current driver's end of its channel.
     channel_inode: u64,
     proxy: Proxy,
+    /// The driver mounted through a helper (fusermount) rather than by itself.
+    mounted_by_helper: bool,
 }
 
 /// Everything one run keeps between turns of its loop.
@@ -110,7 +112,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
     let (commands_rx, commands_tx) = UnixStream::pair().context("creating the command channel")?;
     commands_rx.set_nonblocking(true)?;
 
-    let (pid, listener) = start_driver(argv)?;
+    let (pid, listener) = start_driver(argv, None)?;
     tracing::info!("started driver `{driver_name}` as pid {pid}");
 
     let board = Arc::new(StatusBoard::default());
@@ -212,10 +214,20 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
 }
 
 /// Starts the driver under the seccomp filter; returns its pid and the filter's listener.
-fn start_driver(argv: &[OsString]) -> anyhow::Result<(i32, OwnedFd)> {
+///
+/// A restarted driver given `outside` (the mount point it will serve) runs in a mount namespace
+/// of its own where that mount point is not mounted: whatever it does to the mount point before
+/// it can serve (libfuse stats it, libfuse 2 lists it to refuse a non-empty one, fusermount
+/// enters it) must not become a request to the mount it is about to serve, which waits for it
+/// (and may hold the directory's lock that the driver's own listing then waits for).
+fn start_driver(argv: &[OsString], outside: Option<&Path>) -> anyhow::Result<(i32, OwnedFd)> {
     let (program, args) = argv.split_first().context("no driver command given")?;
     let mut command = Command::new(program);
     command.args(args).process_group(0);
+    if let Some(mountpoint) = outside {
+        // Registered before the filter, whose pre-exec step would intercept this unmount.
+        spawn::outside_mount(&mut command, mountpoint)?;
+    }
     let (child, listener) = spawn::spawn_intercepted(&mut command)
         .with_context(|| format!("cannot start driver `{}`", program.to_string_lossy()))?;
     Ok((child.id() as i32, listener))
@@ -292,6 +304,7 @@ impl Run<'_> {
                     mountpoint: mount.mountpoint,
                     channel_inode: mount.channel_inode,
                     proxy,
+                    mounted_by_helper: mount.by_helper,
                 });
                 self.phase = Phase::Serving;
             }
@@ -394,9 +407,13 @@ impl Run<'_> {
                     restored.resent,
                     restored.restore_ms
                 );
+                let serving = process::holder_of_socket(s.channel_inode);
                 self.board.update(|b| {
                     b.state = "serving".into();
                     b.restarts += 1;
+                    if serving.is_some() {
+                        b.driver_pid = serving;
+                    }
                 });
                 self.phase = Phase::Serving;
             }
@@ -657,7 +674,15 @@ impl Run<'_> {
             Phase::Recovering(Step::Backoff { until }) if now >= *until => {
                 self.restarts.push_back(now);
                 self.run_pre_restart();
-                let (pid, listener) = start_driver(self.argv)?;
+                // A driver that mounts through fusermount checks its mount by using it (go-fuse
+                // opens a file in it), so it must see it; one that mounts by itself restarts
+                // where the mount point is not mounted (see `start_driver`).
+                let outside = self
+                    .served
+                    .as_ref()
+                    .filter(|s| !s.mounted_by_helper)
+                    .map(|s| s.mountpoint.clone());
+                let (pid, listener) = start_driver(self.argv, outside.as_deref())?;
                 tracing::info!("restarted driver `{}` as pid {pid}", self.driver_name);
                 self.listener = listener;
                 self.listener_open = true;

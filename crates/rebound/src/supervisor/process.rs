@@ -118,7 +118,9 @@ pub fn signal_all(signal: Signal) {
 /// serves the mount (the daemon, after a driver daemonizes).
 pub fn holder_of_socket(inode: u64) -> Option<i32> {
     let needle = format!("socket:[{inode}]");
-    descendants().into_iter().find(|pid| {
+    // Children first: a driver that is daemonizing holds the channel in both processes for
+    // a moment, and the child is the one that will serve.
+    descendants().into_iter().rev().find(|pid| {
         std::fs::read_dir(format!("/proc/{pid}/fd"))
             .into_iter()
             .flatten()
