@@ -1,0 +1,475 @@
+#!/usr/bin/env python3
+"""Recovery latency: how long a mount pauses when rebound restarts its killed driver.
+
+Owns: mounting each driver under rebound with a restart-friendly config, a light steady
+workload on a tree of small files the kernel holds, killing the driver (SIGKILL) a number of
+times, collecting rebound's own recovery latencies (`rebound status --json`, `recovery_ms`:
+from failure detection to the first request the new driver served), and writing JSON lines,
+a Markdown table and a CDF plot.
+
+    bench/recovery.py [--drivers fuse2fs,passthrough_ll,sshfs,gofuse] [--kills 30]
+                      [--files 3000] [--out bench/results]
+    bench/recovery.py --report bench/results/recovery-*.jsonl   (only the table and plot)
+
+The workload (one thread): over and over, on a random file of the tree, stat it, read it
+after dropping its cached pages and compare with what was last written, and rewrite it with
+new content; a short sleep between operations keeps it light. Every error it sees and every
+content mismatch counts as a failure; after the kills it reads every file back once more.
+Between kills the script waits until the mount is served again and its recovery latency has
+been recorded, then lets the workload run for a moment.
+
+Mounting, the drivers' command lines and the private sshd come from tests/e2e/mounts.py; the
+polling helper and the rebound binary from bench/run.py.
+"""
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent / "tests" / "e2e"))
+import mounts  # noqa: E402  (tests/e2e/mounts.py)
+from run import REBOUND, REPO, wait_for  # noqa: E402  (bench/run.py)
+
+DRIVERS = ("fuse2fs", "passthrough_ll", "sshfs", "gofuse")
+LABELS = {"gofuse": "go-fuse loopback"}
+FILE_SIZE = 1024
+SETTLE = 0.5  # seconds of undisturbed workload between a recovery and the next kill
+
+
+def config(driver, work):
+    """Restart at once, as often as needed; fuse2fs, which loses acknowledged work when
+    killed, gets the redo log and its image repaired between runs (as the README says)."""
+    text = ("restart_budget = 1000000\nrestart_window_ms = 60000\n"
+            "restart_backoff_ms = 0\nrestart_backoff_max_ms = 0\n")
+    if driver == "fuse2fs":
+        text += f'redo_log = true\npre_restart = ["e2fsck", "-fy", "{work / "disk.img"}"]\n'
+    return text
+
+
+def status_of(mnt):
+    out = subprocess.run([str(REBOUND), "status", "--json"], capture_output=True, text=True,
+                         timeout=10)
+    try:
+        return next((s for s in json.loads(out.stdout) if s["mountpoint"] == str(mnt)), None)
+    except ValueError:
+        return None
+
+
+def content(i, gen):
+    head = f"file {i} generation {gen}\n".encode()
+    return head + bytes((i + gen + k) % 251 for k in range(FILE_SIZE - len(head)))
+
+
+class Workload(threading.Thread):
+    """stat / read-and-compare / rewrite of random files in a loop, until stopped."""
+
+    def __init__(self, root, n):
+        super().__init__(daemon=True)
+        self.root, self.n = root, n
+        self.gen = [0] * n
+        self.stop = threading.Event()
+        self.ops = 0
+        self.errors = []  # (when it ended, seconds it took, what went wrong)
+        self.slow = []  # (start, seconds) of operations longer than 2 ms
+
+    def path(self, i):
+        return self.root / f"d{i % 50:02d}" / f"f{i:05d}"
+
+    def populate(self):
+        for d in range(min(50, self.n)):
+            (self.root / f"d{d:02d}").mkdir(parents=True, exist_ok=True)
+        for i in range(self.n):
+            self.path(i).write_bytes(content(i, 0))
+        for i in range(self.n):  # the kernel now holds a node for each
+            os.stat(self.path(i))
+
+    def read_check(self, i):
+        fd = os.open(self.path(i), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            data = os.read(fd, 2 * FILE_SIZE)
+        finally:
+            os.close(fd)
+        if data != content(i, self.gen[i]):
+            return (f"read {self.path(i).name}: content mismatch "
+                    f"(expected generation {self.gen[i]}, got {data[:30]!r})")
+        return None
+
+    def op(self, kind, i):
+        """One operation; what went wrong, or None."""
+        step = ("stat", "read", "rewrite: open(O_TRUNC)")[kind]
+        try:
+            if kind == 0:
+                os.stat(self.path(i))
+            elif kind == 1:
+                return self.read_check(i)
+            else:
+                fd = os.open(self.path(i), os.O_WRONLY | os.O_TRUNC)
+                try:
+                    step = "rewrite: write"
+                    os.write(fd, content(i, self.gen[i] + 1))
+                    step = "rewrite: close"
+                finally:
+                    os.close(fd)
+                self.gen[i] += 1
+        except OSError as e:
+            return f"{step} {self.path(i).name}: {e.strerror}"
+        return None
+
+    def run(self):
+        rng = random.Random(1)
+        while not self.stop.is_set():
+            i = rng.randrange(self.n)
+            start = time.monotonic()
+            error = self.op(self.ops % 3, i)
+            took = time.monotonic() - start
+            if error:
+                self.errors.append((start + took, took, error))
+            if took > 0.002:
+                self.slow.append((start, took))
+            self.ops += 1
+            time.sleep(0.001)
+
+    def verify_all(self):
+        for i in range(self.n):
+            start = time.monotonic()
+            try:
+                error = self.read_check(i)
+            except OSError as e:
+                error = f"read {self.path(i).name}: {e}"
+            if error:
+                self.errors.append((time.monotonic(), time.monotonic() - start,
+                                    "final check: " + error))
+
+
+class Latencies:
+    """Recovery latencies as they appear in the status's `recovery_ms` (the last 100 only)."""
+
+    def __init__(self):
+        self.prev, self.all = [], []
+
+    def gather(self, st):
+        if st is None:
+            return
+        cur = st["recovery_ms"]
+        for new in range(len(cur) + 1):
+            dropped = len(self.prev) + new - len(cur)
+            if dropped >= 0 and cur[:len(cur) - new] == self.prev[dropped:]:
+                break
+        self.all.extend(cur[len(cur) - new:])
+        self.prev = cur
+
+
+def percentile(xs, p):
+    """Nearest-rank percentile of a non-empty list."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, -(-len(xs) * p // 100) - 1))]
+
+
+def measure(driver, args, sshd):
+    """Mounts driver under rebound, kills it args.kills times; returns the result row."""
+    m = mounts.Mount(driver, "rebound", mounts.new_workdir(f"recovery-{driver}"), sshd=sshd,
+                     watchdog=3600.0)
+    m.config = config(driver, m.work)
+    row = {"driver": driver, "kills": 0, "missed_kills": 0}
+    try:
+        m.prepare(256 * mounts.MiB)
+        m.start()
+        load = Workload(m.mnt / "tree", args.files)
+        load.populate()
+        lat = Latencies()
+        nodes, kill_times = [], []
+        load.start()
+
+        def serving_again():
+            """Waits until the driver serves again after every kill so far, and then (briefly)
+            until the latency of the last recovery is recorded: the workload's next request
+            records it."""
+            def serving():
+                st = status_of(m.mnt)
+                return (st and st["state"] == "serving" and st["restarts"] >= row["kills"]
+                        and st["driver_pid"] and mounts.alive(st["driver_pid"]))
+            wait_for(serving, 60, f"{driver} serving again after kill {row['kills']}")
+
+            def measured():
+                lat.gather(status_of(m.mnt))
+                return len(lat.all) >= row["kills"]
+            mounts.wait_for(measured, 5)
+
+        while row["kills"] < args.kills and row["missed_kills"] < args.kills:
+            serving_again()
+            time.sleep(SETTLE)
+            st = status_of(m.mnt)
+            lat.gather(st)
+            nodes.append(st["nodes"])
+            kill_times.append(time.monotonic())
+            os.kill(st["driver_pid"], signal.SIGKILL)
+            seen = mounts.wait_for(lambda: (status_of(m.mnt) or st)["failures"] > st["failures"],
+                                   10, interval=0.005)
+            if seen:
+                row["kills"] += 1
+            else:
+                row["missed_kills"] += 1  # the pid was not the serving driver; try again
+                kill_times.pop()
+        serving_again()
+        time.sleep(SETTLE)
+        load.stop.set()
+        load.join()
+        load.verify_all()
+        st = status_of(m.mnt)
+        lat.gather(st)
+        # What the application saw around each kill: its longest operation in the 5 s after.
+        stalls = [max([took * 1000 for start, took in load.slow
+                       if start + took >= t and start <= t + 5] or [0.0]) for t in kill_times]
+        row.update({
+            "restarts": st["restarts"], "failures": st["failures"],
+            "lost_objects": st["lost_objects"], "requests": st["requests"],
+            "workload_ops": load.ops, "workload_errors": len(load.errors),
+            "error_samples": [explain(e, kill_times) for e in load.errors[:10]],
+            "nodes_median": sorted(nodes)[len(nodes) // 2] if nodes else None,
+            "recovery_ms": lat.all, "stall_ms": stalls,
+        })
+        m.stop()
+        row["rebound_exit"] = m.returncode
+        row["rebound_says"] = log_kinds(m.stderr(), m.work)
+        if load.errors or m.returncode:
+            # What rebound said beyond the kills and the recoveries, to explain the errors.
+            log = [line for line in m.stderr().splitlines()
+                   if ("WARN" in line or "ERROR" in line) and not KILLED.search(line)]
+            row["rebound_log"] = log[-60:]
+        if args.keep_logs:
+            Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
+            (Path(args.keep_logs) / f"{driver}.log").write_text(m.stderr())
+        if mounts.DRIVERS[driver][1] == "image":
+            ok, report = mounts.e2fsck(m.img)
+            row["e2fsck_clean"] = ok
+            if not ok:
+                row["e2fsck_report"] = report[-2000:]
+    except Exception as e:  # recorded, not fatal: the table shows the gap
+        row["error"] = f"{type(e).__name__}: {e}"[:2000]
+        row["rebound_log"] = m.stderr().splitlines()[-60:]
+    finally:
+        m.cleanup()
+    return row
+
+
+# How rebound reports a driver that was killed.
+KILLED = re.compile(r"failed: driver (closed its channel|process gone)")
+
+
+def log_kinds(log, work):
+    """rebound's errors and warnings, counted by kind (numbers and paths left out)."""
+    kinds = {}
+    for line in re.sub(r"\x1b\[[0-9;]*m", "", log).splitlines():
+        m = re.match(r"\S+\s+(ERROR|WARN)\s+(.*)", line)
+        if m:
+            text = re.sub(r"\d+(\.\d+)?", "N", m.group(2).replace(str(work), "WORK"))
+            kind = f"{m.group(1)} {text}"
+            kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+def explain(error, kill_times):
+    """An error of the workload, with when it happened relative to the kills."""
+    end, took, what = error
+    before = [k for k, t in enumerate(kill_times) if t <= end - took]
+    when = (f"started {end - took - kill_times[before[-1]]:.2f} s after kill {before[-1] + 1}"
+            if before else "started before the first kill")
+    return f"{what} (took {took * 1000:.0f} ms, {when})"
+
+
+def fmt(x):
+    return "-" if x is None else f"{x:.1f}"
+
+
+def table(rows):
+    lines = ["| driver | kills | failures | restarts | workload errors | median ms | p90 ms | "
+             "p99 ms | max ms | app stall median / max ms | nodes held | lost objects |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for r in rows:
+        name = LABELS.get(r["driver"], r["driver"])
+        if "error" in r:
+            notes.append(f"- **{name} failed**: {r['error']}")
+            continue
+        lat, stall = r["recovery_ms"], r["stall_ms"]
+        q = (lambda p: percentile(lat, p)) if lat else (lambda p: None)
+        lines.append(
+            f"| {name} | {r['kills']} | {r['failures']} | {r['restarts']} | "
+            f"**{r['workload_errors']}** | "
+            f"**{fmt(q(50))}** | {fmt(q(90))} | {fmt(q(99))} | {fmt(max(lat) if lat else None)}"
+            f" | {fmt(percentile(stall, 50) if stall else None)} / "
+            f"{fmt(max(stall) if stall else None)} | {r['nodes_median']} | "
+            f"{r['lost_objects']} |")
+        if len(lat) != r["kills"]:
+            notes.append(f"- {name}: {len(lat)} latencies recorded for {r['kills']} kills.")
+        if r["workload_errors"]:
+            notes.append(f"- {name}: the workload saw {r['workload_errors']} errors, e.g. "
+                         + "; ".join(f"`{e}`" for e in r["error_samples"][:3]))
+        unusual = {k: n for k, n in r.get("rebound_says", {}).items()
+                   if not KILLED.search(k)}
+        if unusual:
+            notes.append(f"- {name}: rebound also said: " + "; ".join(
+                f"`{k}` ({n}x)" for k, n in sorted(unusual.items(), key=lambda x: -x[1])))
+        if r["failures"] > r["kills"]:
+            notes.append(f"- {name}: {r['failures'] - r['kills']} driver failures were not "
+                         "the benchmark's kills.")
+        if r.get("e2fsck_clean") is False:
+            notes.append(f"- {name}: e2fsck -fn of the image after the run is NOT clean.")
+        if r.get("rebound_exit") not in (0, None):
+            notes.append(f"- {name}: rebound exited with status {r['rebound_exit']}.")
+        if r.get("missed_kills"):
+            notes.append(f"- {name}: {r['missed_kills']} SIGKILLs hit a pid that was not "
+                         "serving (not counted).")
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def render(metas, rows, command, png=None):
+    m = metas[0]
+    runs = ", ".join(f"{x['started']} (commit {x['commit']})" for x in metas)
+    text = (
+        f"# Recovery latency\n\nRuns: {runs}; kernel {m['kernel']}, {m['cpus']} CPUs; "
+        f"{m['kills']} SIGKILLs per driver, {m['files']} files of {FILE_SIZE} bytes in the "
+        "tree the workload uses.\n\n"
+        f"Command: `{command}`\n\n"
+        "Latency is rebound's own `recovery_ms`: from detecting the failure to the first "
+        "request the restarted driver served (for fuse2fs this includes the `pre_restart` "
+        "e2fsck -fy of the image). Percentiles are nearest-rank. *App stall* is the longest "
+        "workload operation in the 5 s after each kill, as the application timed it. *Nodes "
+        "held* is the median number of nodes the kernel held at the kills. *Workload errors* "
+        "counts every failed operation and every read that did not return what was last "
+        "written, including a final read of every file; it must be 0.\n\n"
+        f"{table(rows)}\n")
+    if png:
+        text += f"\n![CDF of recovery latency per driver]({png})\n"
+    return text
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    for r in rows:
+        lat = sorted(r.get("recovery_ms") or [])
+        if not lat:
+            continue
+        ys = [(k + 1) / len(lat) for k in range(len(lat))]
+        ax.step(lat, ys, where="post",
+                label=f"{LABELS.get(r['driver'], r['driver'])} (median "
+                      f"{percentile(lat, 50):.1f} ms)")
+    ax.set_xscale("log")
+    ax.set_xlabel("recovery latency, failure detected to first request served (ms)")
+    ax.set_ylabel("fraction of recoveries")
+    ax.set_ylim(0, 1.02)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title("rebound: recovery latency after SIGKILL of the driver")
+    # Below the axes: inside, it would hide the curves at one end or the other.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_somehow(jsonl, png):
+    """Plots with this python's matplotlib, or with the system python's (Debian's
+    python3-matplotlib serves /usr/bin/python3, which may not be the python3 on PATH)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        system = "/usr/bin/python3"
+        if (os.path.realpath(sys.executable) == os.path.realpath(system)
+                or not os.path.exists(system)
+                or subprocess.run([system, "-c", "import matplotlib"],
+                                  capture_output=True).returncode != 0):
+            print("recovery: no matplotlib (apt-get install python3-matplotlib); no plot",
+                  file=sys.stderr)
+            return False
+        res = subprocess.run([system, __file__, "--plot", str(jsonl), str(png)])
+        return res.returncode == 0
+    plot(load(jsonl)[1], png)
+    return True
+
+
+def load(paths):
+    metas, rows = [], []
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        for line in Path(path).read_text().splitlines():
+            obj = json.loads(line)
+            (metas if "meta" in obj else rows).append(obj.get("meta", obj))
+    return metas, rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--drivers", default=",".join(DRIVERS))
+    p.add_argument("--kills", type=int, default=30)
+    p.add_argument("--files", type=int, default=3000, help="files in the workload's tree")
+    p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--keep-logs", metavar="DIR", help="copy rebound's log of each driver to DIR")
+    p.add_argument("--report", nargs="+", metavar="JSONL",
+                   help="only render the table (and plot) of earlier runs' result files")
+    p.add_argument("--plot", nargs=2, metavar=("JSONL", "PNG"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.plot:
+        plot(load(args.plot[0])[1], args.plot[1])
+        return
+    out = Path(args.out)
+    if args.report:
+        metas, rows = load(args.report)
+        print(render(metas, rows, "bench/recovery.py --report " + " ".join(args.report)))
+        return
+    args.drivers = args.drivers.split(",")
+    unknown = [d for d in args.drivers if d not in DRIVERS]
+    if unknown:
+        sys.exit(f"recovery: unknown driver(s) {', '.join(unknown)}; known: {', '.join(DRIVERS)}")
+    if os.geteuid() != 0:
+        sys.exit("recovery: mounts file systems; run it as root")
+    # Our own control-socket directory: `rebound status` lists only this run's mounts.
+    run_dir = mounts.new_workdir("recovery-run")
+    os.environ["REBOUND_RUN_DIR"] = str(run_dir)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    meta = {"started": started, "commit": commit, "machine": platform.machine(),
+            "kernel": platform.release(), "cpus": os.cpu_count(), "kills": args.kills,
+            "files": args.files, "command": " ".join(["bench/recovery.py"] + sys.argv[1:])}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"recovery-{started.replace(':', '')}.jsonl"
+    rows = []
+    sshd = mounts.start_sshd() if "sshfs" in args.drivers else None
+    try:
+        with open(path, "w") as sink:
+            sink.write(json.dumps({"meta": meta}) + "\n")
+            for driver in args.drivers:
+                print(f"recovery: {driver}: {args.kills} kills ...", file=sys.stderr, flush=True)
+                row = measure(driver, args, sshd)
+                rows.append(row)
+                sink.write(json.dumps(row) + "\n")
+                sink.flush()
+                summary = {k: v for k, v in row.items() if k not in ("recovery_ms", "stall_ms")}
+                print(json.dumps(summary), flush=True)
+    finally:
+        if sshd is not None:
+            sshd.stop()
+        mounts.remove_workdir(run_dir)
+    png = out / "recovery-latest.png"
+    plotted = plot_somehow(path, png)
+    md = render([meta], rows, meta["command"], png.name if plotted else None)
+    (out / "recovery-latest.md").write_text(md)
+    print(md)
+    print(f"results: {path}, {out / 'recovery-latest.md'}" + (f", {png}" if plotted else ""))
+
+
+if __name__ == "__main__":
+    main()
