@@ -128,6 +128,23 @@ pub(super) fn resolve(
     })
 }
 
+/// A request in flight, for logs: its opcode and the id fields it had in the kernel's ids.
+fn describe(request: &Inflight) -> String {
+    let mut bytes = request.request.bytes().to_vec();
+    request.request.patches.undo(&mut bytes);
+    match Request::parse(&bytes) {
+        Ok(req) => {
+            let ids: Vec<u64> = req
+                .id_fields()
+                .into_iter()
+                .filter_map(|f| read_u64(&bytes, f.at()))
+                .collect();
+            format!("{:?} {ids:?}", req.opcode)
+        }
+        Err(_) => format!("opcode {}", request.opcode),
+    }
+}
+
 /// Marks a node the new driver does not have as lost, counting it once.
 fn lost(shared: &Shared, node: u64) {
     if shared.objects().mark_lost(node) {
@@ -681,7 +698,9 @@ impl NewDriver<'_> {
         request.failures += 1;
         if request.failures >= POISON_FAILURES {
             tracing::warn!(
-                "request {unique} was in flight at {} driver failures in a row; failing it with EIO",
+                "request {unique} ({}) was in flight at {} driver failures in a row; failing \
+                 it with EIO",
+                describe(&request),
                 request.failures
             );
             answer_in_drivers_place(self.shared, unique, queue, Errno::IO);
