@@ -20,7 +20,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -331,7 +331,7 @@ fn mountpoint_forms(path: &Path) -> Vec<PathBuf> {
     let Ok(absolute) = std::path::absolute(path) else {
         return Vec::new();
     };
-    let mut forms = vec![normalize(&absolute)];
+    let mut forms = vec![crate::paths::normalize(&absolute)];
     let mut current = absolute;
     // As many links as the kernel follows (MAXSYMLINKS).
     for _ in 0..40 {
@@ -356,22 +356,6 @@ fn mountpoint_forms(path: &Path) -> Vec<PathBuf> {
         }
     }
     forms
-}
-
-/// Lexical normalisation: no `.` components, `..` removes the component before it, no
-/// trailing slash.
-fn normalize(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for component in path.components() {
-        match component {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other.as_os_str()),
-        }
-    }
-    out
 }
 
 /// Asks the run listening on `socket` to restart its driver and waits for the outcome.

@@ -4,6 +4,7 @@
 
 mod config;
 mod control;
+mod paths;
 mod proxy;
 mod supervisor;
 

@@ -387,13 +387,7 @@ impl NewDriver<'_> {
                 .map_err(|e| format!("restoring the node of a handle: {e}"))?
             {
                 Some(driver_node) => opens.push((fh, dir, driver_node, flags)),
-                None => {
-                    restored.lost += 1;
-                    self.shared
-                        .stats
-                        .lost_objects
-                        .fetch_add(1, Ordering::Relaxed);
-                }
+                None => self.handle_lost(restored),
             }
         }
         let replies = self
@@ -414,13 +408,7 @@ impl NewDriver<'_> {
                         self.release(driver_node, driver_fh, flags, dir);
                     }
                 }
-                None => {
-                    restored.lost += 1;
-                    self.shared
-                        .stats
-                        .lost_objects
-                        .fetch_add(1, Ordering::Relaxed);
-                }
+                None => self.handle_lost(restored),
             }
         }
         Ok(())
@@ -651,6 +639,15 @@ impl NewDriver<'_> {
         if !self.shared.objects().count_driver_lookup(driver_node) {
             self.forget(driver_node);
         }
+    }
+
+    /// A handle the new driver could not reopen: requests on it fail with `EIO`.
+    fn handle_lost(&self, restored: &mut Restored) {
+        restored.lost += 1;
+        self.shared
+            .stats
+            .lost_objects
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Takes the locks held through the kernel's file handle `fh` again (never waiting: a

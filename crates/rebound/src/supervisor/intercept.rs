@@ -18,7 +18,9 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
+
+use crate::paths::normalize;
 
 use rebound_sys::seccomp::{self, Notification};
 use rustix::io::Errno;
@@ -450,22 +452,6 @@ fn read_path(notif: &Notification, addr: u64) -> io::Result<PathBuf> {
     Ok(normalize(&base.join(path)))
 }
 
-/// Lexical normalisation: no `.` components, no trailing slash. Deliberately does not touch
-/// the file system (see the module comment).
-fn normalize(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for component in path.components() {
-        match component {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other.as_os_str()),
-        }
-    }
-    out
-}
-
 /// Reads a NUL-terminated string of at most `max` bytes from another process, page by page so
 /// that a string ending just before an unmapped page is still read.
 fn read_c_string(mem: &File, addr: u64, max: usize) -> io::Result<Vec<u8>> {
@@ -542,11 +528,6 @@ mod tests {
         );
         assert_eq!(fuse_fd_option(b"rootmode=40000"), None);
         assert_eq!(fuse_fd_option(b"fd=x"), None);
-    }
-
-    #[test]
-    fn normalisation_is_lexical() {
-        assert_eq!(normalize(Path::new("/a/./b/../c/")), PathBuf::from("/a/c"));
     }
 
     #[test]
