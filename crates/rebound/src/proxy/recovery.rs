@@ -30,7 +30,9 @@ use rustix::io::Errno;
 use rustix::net::SendFlags;
 use tracker::{Inflight, PendingChange, ToDriver};
 
-use super::{answer_in_drivers_place, answer_ok, answer_with, Link, Shared, POISON_FAILURES};
+use super::{
+    answer_in_drivers_place, answer_ok, answer_with, write_to_kernel, Link, Shared, POISON_FAILURES,
+};
 
 /// What a recovery restored.
 #[derive(Clone, Debug, Default)]
@@ -198,6 +200,7 @@ pub(super) fn checkpoints(shared: &Shared, interval: Duration, timeout: Duration
             _ => continue,
         };
         let driver = NewDriver {
+            init_reply: std::cell::OnceCell::new(),
             shared,
             driver: &driver,
             generation,
@@ -224,6 +227,8 @@ struct Walker {
 
 /// A driver and the means to talk to it.
 struct NewDriver<'a> {
+    /// The new driver's reply to the replayed INIT.
+    init_reply: std::cell::OnceCell<Vec<u8>>,
     shared: &'a Shared,
     driver: &'a Arc<OwnedFd>,
     generation: u64,
@@ -240,6 +245,7 @@ pub(super) fn restore(
 ) -> Result<Restored, String> {
     let started = Instant::now();
     let new = NewDriver {
+        init_reply: std::cell::OnceCell::new(),
         shared,
         driver,
         generation,
@@ -356,6 +362,13 @@ impl NewDriver<'_> {
     }
 
     fn replay_init(&self) -> Result<(), String> {
+        let body = self.replay_init_reply()?;
+        let _ = self.init_reply.set(body);
+        Ok(())
+    }
+
+    /// The new driver's reply body to the kernel's INIT, replayed.
+    fn replay_init_reply(&self) -> Result<Vec<u8>, String> {
         let init = self
             .shared
             .init
@@ -367,7 +380,7 @@ impl NewDriver<'_> {
             .call(init, ReplyShape::Init)
             .map_err(|e| format!("INIT: {e}"))?
         {
-            Ok(_) => Ok(()),
+            Ok(body) => Ok(body),
             Err(errno) => Err(format!(
                 "INIT: the new driver refused it ({})",
                 io::Error::from_raw_os_error(errno)
@@ -809,6 +822,11 @@ impl NewDriver<'_> {
     fn send_again(&self, unique: u64, mut request: Inflight) {
         let shared = self.shared;
         let queue = usize::from(request.queue);
+        if request.opcode == Opcode::Init as u32 {
+            // The first driver died before answering the kernel's INIT: the new one already
+            // answered its replay, and a second INIT would start its session over.
+            return self.answer_init(unique, queue);
+        }
         let len = request.request.len;
         let bytes = Arc::make_mut(&mut request.request.buf);
         let msg = &mut bytes[..len];
@@ -834,6 +852,24 @@ impl NewDriver<'_> {
         // A failure here is the new driver failing; it will be noticed and this request
         // sent again to the next one.
         let _ = rustix::net::send(&**self.driver, &to_send[..len], SendFlags::NOSIGNAL);
+    }
+
+    /// Answers the kernel's INIT with the new driver's reply to the replayed one.
+    fn answer_init(&self, unique: u64, queue: usize) {
+        let Some(body) = self.init_reply.get() else {
+            return answer_in_drivers_place(self.shared, unique, queue, Errno::IO);
+        };
+        let mut reply = fuse_wire::error_reply(unique, 0).to_vec();
+        reply.extend_from_slice(body);
+        let len = reply.len() as u32;
+        reply[..4].copy_from_slice(&len.to_ne_bytes());
+        match fuse_wire::fix_init_reply(&mut reply, super::MAX_WRITE) {
+            Ok(init) => {
+                self.shared.minor.store(init.minor, Ordering::Relaxed);
+                write_to_kernel(self.shared, queue, &reply);
+            }
+            Err(_) => answer_in_drivers_place(self.shared, unique, queue, Errno::IO),
+        }
     }
 
     fn lost(&self, unique: u64, queue: usize) {
