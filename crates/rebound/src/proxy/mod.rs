@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use fuse_wire::abi::{self, size, ROOT_ID};
-use fuse_wire::ids::{read_u64, write_u64};
+use fuse_wire::ids::{read_u64, write_u64, MAX_REQUEST_IDS};
 use fuse_wire::{DriverMessage, InHeader, Opcode, OutHeader, ReplyShape, Request};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags};
@@ -701,7 +701,6 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
         }
         _ => {}
     }
-    resolve_pending_nodes(shared, msg, &info);
     // RELEASE lets go of the handle at once, whatever the driver answers.
     let released = info
         .release
@@ -711,51 +710,64 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
         return answer_ok(shared, unique, queue);
     }
 
-    let link = shared.link();
-    let (driver, generation) = match &*link {
-        Link::Failed => {
-            drop(link);
-            return answer_in_drivers_place(shared, unique, queue, Errno::IO);
-        }
-        Link::Recovering { .. } => {
-            if released.is_some() {
-                // The old driver's handle went with it.
+    // Decided again after each node a restarted driver had to be asked for first: the link
+    // may have changed meanwhile.
+    let mut lookups = 0;
+    let (link, driver, generation, mut patches) = loop {
+        let link = shared.link();
+        let (driver, generation) = match &*link {
+            Link::Failed => {
                 drop(link);
-                return answer_ok(shared, unique, queue);
+                return answer_in_drivers_place(shared, unique, queue, Errno::IO);
             }
-            if shadow_answer(shared, &info, queue, msg) {
+            Link::Recovering { .. } => {
+                drop(link);
+                if released.is_some() {
+                    // The old driver's handle went with it.
+                    return answer_ok(shared, unique, queue);
+                }
+                if shadow_answer(shared, &info, queue, msg) {
+                    return;
+                }
+                // Parked: sent to the new driver once it holds what the kernel holds.
+                let request = shared.buffers.keep(buf, len, Patches::default());
+                shared
+                    .inflight
+                    .insert(unique, inflight_entry(&info, queue, request, None));
                 return;
             }
-            // Parked: sent to the new driver once it holds what the kernel holds.
-            let request = shared.buffers.keep(buf, len, Patches::default());
-            shared
-                .inflight
-                .insert(unique, inflight_entry(&info, queue, request, None));
-            return;
-        }
-        Link::Serving { driver, generation } => (driver.clone(), *generation),
-    };
-    let translated = shared.objects().to_driver(msg, info.fields);
-    let mut patches = match translated {
-        Ok(patches) => patches,
-        Err(tracker::Untranslated::Pending(_)) => {
-            // The lookup did not reach the driver (it failed meanwhile): the request waits for
-            // the next one, like any request that arrives during a recovery.
-            drop(link);
-            if released.is_some() {
-                // A handle of the failed driver: nothing is left to close.
-                return answer_ok(shared, unique, queue);
+            Link::Serving { driver, generation } => (driver.clone(), *generation),
+        };
+        let translated = shared.objects().to_driver(msg, info.fields);
+        match translated {
+            Ok(patches) => break (link, driver, generation, patches),
+            Err(tracker::Untranslated::Pending(node)) if lookups <= MAX_REQUEST_IDS => {
+                // A node the restarted driver has not been asked for yet: look it up by path,
+                // without holding the link (the lookup waits for the driver). A node it does
+                // not have is marked lost; a driver that fails meanwhile leaves the request to
+                // park on the next turn.
+                drop(link);
+                lookups += 1;
+                let timeout =
+                    Duration::from_millis(shared.lookup_timeout_ms.load(Ordering::Relaxed));
+                let _ = recovery::resolve(shared, &driver, node, timeout);
             }
-            let request = shared.buffers.keep(buf, len, Patches::default());
-            shared
-                .inflight
-                .insert(unique, inflight_entry(&info, queue, request, None));
-            return;
-        }
-        Err(tracker::Untranslated::Lost) => {
-            drop(link);
-            shared.stats.lost_uses.fetch_add(1, Ordering::Relaxed);
-            return answer_in_drivers_place(shared, unique, queue, Errno::IO);
+            Err(tracker::Untranslated::Pending(_)) => {
+                drop(link);
+                if released.is_some() {
+                    return answer_ok(shared, unique, queue);
+                }
+                let request = shared.buffers.keep(buf, len, Patches::default());
+                shared
+                    .inflight
+                    .insert(unique, inflight_entry(&info, queue, request, None));
+                return;
+            }
+            Err(tracker::Untranslated::Lost) => {
+                drop(link);
+                shared.stats.lost_uses.fetch_add(1, Ordering::Relaxed);
+                return answer_in_drivers_place(shared, unique, queue, Errno::IO);
+            }
         }
     };
     if let Some(ToDriver::Mapped(driver_fh)) = released {
@@ -791,37 +803,6 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
                 answer_in_drivers_place(shared, unique, queue, Errno::IO);
             }
         }
-    }
-}
-
-/// Looks up, in a restarted driver, the nodes a request names that it has not been asked
-/// for yet (see [`ObjectTable::pending_path`]). Runs before the request is translated and
-/// without holding the link: a lookup waits for the driver.
-fn resolve_pending_nodes(shared: &Shared, msg: &[u8], info: &RequestInfo) {
-    let pending: Vec<u64> = {
-        let objects = shared.objects();
-        info.fields
-            .into_iter()
-            .filter_map(|field| match field {
-                fuse_wire::IdField::Node { at } => read_u64(msg, at),
-                fuse_wire::IdField::Handle { .. } => None,
-            })
-            .filter(|&node| objects.node_to_driver(node) == ToDriver::Pending)
-            .collect()
-    };
-    if pending.is_empty() {
-        return;
-    }
-    let Some(driver) = (match &*shared.link() {
-        Link::Serving { driver, .. } => Some(driver.clone()),
-        _ => None,
-    }) else {
-        return;
-    };
-    let timeout = Duration::from_millis(shared.lookup_timeout_ms.load(Ordering::Relaxed));
-    for node in pending {
-        // A node that cannot be found is marked lost; the translation then fails the request.
-        let _ = recovery::resolve(shared, &driver, node, timeout);
     }
 }
 
@@ -1337,13 +1318,18 @@ fn answer_ok(shared: &Shared, unique: u64, queue: usize) {
     write_to_kernel(shared, queue, &fuse_wire::error_reply(unique, 0));
 }
 
-/// Answers a request with success and `body`, in the driver's place.
-fn answer_with(shared: &Shared, unique: u64, queue: usize, body: &[u8]) {
+/// A successful reply to request `unique` carrying `body`.
+fn success_reply(unique: u64, body: &[u8]) -> Vec<u8> {
     let mut reply = fuse_wire::error_reply(unique, 0).to_vec();
     reply.extend_from_slice(body);
     let len = reply.len() as u32;
     reply[..4].copy_from_slice(&len.to_ne_bytes());
-    write_to_kernel(shared, queue, &reply);
+    reply
+}
+
+/// Answers a request with success and `body`, in the driver's place.
+fn answer_with(shared: &Shared, unique: u64, queue: usize, body: &[u8]) {
+    write_to_kernel(shared, queue, &success_reply(unique, body));
 }
 
 fn answer_in_drivers_place(shared: &Shared, unique: u64, queue: usize, errno: Errno) {

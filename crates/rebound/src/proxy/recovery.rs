@@ -859,10 +859,7 @@ impl NewDriver<'_> {
         let Some(body) = self.init_reply.get() else {
             return answer_in_drivers_place(self.shared, unique, queue, Errno::IO);
         };
-        let mut reply = fuse_wire::error_reply(unique, 0).to_vec();
-        reply.extend_from_slice(body);
-        let len = reply.len() as u32;
-        reply[..4].copy_from_slice(&len.to_ne_bytes());
+        let mut reply = super::success_reply(unique, body);
         match fuse_wire::fix_init_reply(&mut reply, super::MAX_WRITE) {
             Ok(init) => {
                 self.shared.minor.store(init.minor, Ordering::Relaxed);
