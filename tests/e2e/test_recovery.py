@@ -106,14 +106,23 @@ def tail(text, lines=60):
     return "\n".join(text.splitlines()[-lines:])
 
 
+def strip_ansi(line):
+    """line without its terminal colour codes."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", line)
+
+
 def explain(m, *parts):
-    """A failure message: what the test saw, the mount's status and the end of rebound's log."""
+    """A failure message: what the test saw, the mount's status, rebound's warnings and the
+    end of its log."""
     try:
         status = mount_status(m.mnt)
     except (subprocess.SubprocessError, OSError, ValueError) as e:
         status = f"<rebound status failed: {e}>"
+    output = m.output()
+    warnings = [line for line in output.splitlines() if " WARN " in strip_ansi(line)]
     return "\n".join([*map(str, parts), f"status: {status}",
-                      f"--- {m.describe()}: output (end) ---", tail(m.output())])
+                      f"--- {m.describe()}: warnings ---", *warnings[-20:],
+                      f"--- {m.describe()}: output (end) ---", tail(output)])
 
 
 def wait_serving(m, cond=serving, timeout=chaos.RECOVER_TIMEOUT):
@@ -169,19 +178,8 @@ def errname(code):
 
 # --- workloads under chaos ---------------------------------------------------------------------
 
-# Known issue, under investigation: now and then a restarted sshfs closes its channel right
-# after a waiting request is resent to it, three times in a row, and that request then fails
-# alone with EIO (the poison-request rule). Seen in about 1 of 3 chaos runs of sshfs; the other
-# drivers pass every run. Not strict, so the tests still run and report XPASS when they pass.
-SSHFS_KNOWN_ISSUE = pytest.mark.xfail(
-    reason="restarted sshfs sometimes exits on a resent request (see the issue note)",
-    strict=False)
-CHAOS_DRIVERS = [pytest.param(d, marks=SSHFS_KNOWN_ISSUE) if d == "sshfs" else d
-                 for d in DRIVERS]
-
-
 @pytest.mark.parametrize("workload", workloads.WORKLOADS)
-@pytest.mark.parametrize("driver", CHAOS_DRIVERS)
+@pytest.mark.parametrize("driver", DRIVERS)
 def test_workload_survives_driver_failures(mount, tree_tarball, seed, driver, workload):
     if workload == "tree" and (why := mounts.descriptor_shortfall(driver,
                                                                   len(tree_tarball.entries))):
@@ -249,6 +247,46 @@ def test_forced_restart_keeps_an_open_file(mount, driver):
         finally:
             os.close(fd)
         assert workloads.read_uncached(path) == b"written after the restart" + data[25:]
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_listing_waiting_on_a_stopped_driver_goes_on_after_a_restart(mount, driver):
+    """A READDIR in flight when the driver is replaced is sent again on the reopened directory
+    handle, and the listing sees every entry exactly once."""
+    names = {f"entry-{i:05d}" for i in range(1500)}
+    with mount(driver, "rebound", config=toml(restart_backoff_ms=0)) as m:
+        many = m.mnt / "many"
+        many.mkdir()
+        for name in names:
+            (many / name).touch()
+        status = wait_serving(m)
+        conn = mounts.fuse_connection(m.mnt)
+        listing = subprocess.Popen(
+            [sys.executable, "-c", "import os, sys\n"
+             "it = os.scandir(sys.argv[1])\nfirst = next(it).name\n"
+             "print(first, flush=True)\nsys.stdin.readline()\n"
+             "print(' '.join([first] + [e.name for e in it]))\n", str(many)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            listing.stdout.readline()  # the first chunk is read; the next one will wait
+            os.kill(status["driver_pid"], signal.SIGSTOP)
+            listing.stdin.write("go\n")
+            listing.stdin.flush()
+            waiting = conn / "waiting"
+            assert wait_for(lambda: int(waiting.read_text()) > 0, 10), \
+                explain(m, "the listing sent no request to the stopped driver")
+            rc, out, err, _ = mounts.run_rebound(["restart", str(m.mnt)], timeout=60)
+            assert rc == 0, explain(m, f"rebound restart exited {rc}:\n{out}{err}")
+            out, _ = listing.communicate(timeout=CHILD_TIMEOUT)
+        finally:
+            listing.kill()
+            listing.wait()
+        seen = out.split()
+        assert listing.returncode == 0 and sorted(seen) == sorted(names), explain(
+            m, f"listing exited {listing.returncode}; {len(seen)} names, "
+            f"{len(set(seen))} distinct, {len(names - set(seen))} missing")
+        after = mount_status(m.mnt)
+        assert after["failures"] == 1, explain(m, "the listing's request made the driver fail")
 
 
 # --- restart budget ----------------------------------------------------------------------------

@@ -190,6 +190,8 @@ pub const GETATTR_FH: u32 = 1 << 0;
 pub const FATTR_SIZE: u32 = 1 << 3;
 /// `fuse_setattr_in.valid`: `fh` is valid (`FATTR_FH`).
 pub const FATTR_FH: u32 = 1 << 6;
+/// `fuse_write_in.write_flags`: a write-back of cached pages, not a write(2) (`FUSE_WRITE_CACHE`).
+pub const WRITE_CACHE: u32 = 1 << 0;
 /// `fuse_ioctl_in.flags`: the ioctl is on a directory, `fh` is from OPENDIR (`FUSE_IOCTL_DIR`).
 pub const IOCTL_DIR: u32 = 1 << 4;
 /// Longest name in a directory entry (`FUSE_NAME_MAX` in the kernel's `fuse_i.h`).

@@ -404,6 +404,17 @@ pub fn open_request(unique: u64, node: u64, flags: u32, dir: bool) -> Vec<u8> {
     own_request(opcode, unique, node, &[open.as_bytes()])
 }
 
+/// READDIR of `size` bytes from `offset` of directory handle `fh` on `node`.
+pub fn readdir_request(unique: u64, node: u64, fh: u64, offset: u64, size: u32) -> Vec<u8> {
+    let read = ReadIn {
+        fh,
+        offset,
+        size,
+        ..Default::default()
+    };
+    own_request(Opcode::Readdir, unique, node, &[read.as_bytes()])
+}
+
 /// GETATTR of `node`, without a handle.
 pub fn getattr_request(unique: u64, node: u64) -> Vec<u8> {
     own_request(

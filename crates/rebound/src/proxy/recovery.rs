@@ -22,13 +22,14 @@ use std::time::{Duration, Instant};
 
 use fuse_wire::abi::size;
 use fuse_wire::ids::{
-    forget_request, fsync_request, lookup_request, open_request, read_u64, release_request,
-    truncate_request, write_u64,
+    forget_request, fsync_request, getattr_request, lookup_request, open_request, read_u64,
+    readdir_request, release_request, truncate_request, write_u64,
 };
 use fuse_wire::{DriverMessage, Opcode, ReplyShape, Request};
 use rustix::io::Errno;
 use rustix::net::SendFlags;
 use tracker::{Inflight, PendingChange, ToDriver};
+use zerocopy::{FromBytes, IntoBytes};
 
 use super::{
     answer_in_drivers_place, answer_ok, answer_with, write_to_kernel, Link, Shared, POISON_FAILURES,
@@ -53,6 +54,8 @@ pub struct Restored {
 
 /// Most of rebound's own requests out at once during a restore.
 const BATCH: usize = 256;
+/// How much of a reopened directory rebound reads to make the driver list it.
+const PRIMING_READDIR_SIZE: u32 = 4096;
 /// Offset of `unique` in `fuse_in_header`.
 const UNIQUE_AT: usize = std::mem::offset_of!(fuse_wire::InHeader, unique);
 
@@ -411,12 +414,16 @@ impl NewDriver<'_> {
                 ReplyShape::Open,
             )
             .map_err(|e| format!("reopening handles: {e}"))?;
+        let mut listings = Vec::new();
         for (&(fh, dir, driver_node, flags), reply) in opens.iter().zip(replies) {
             match reply.ok().and_then(|open_out| read_u64(&open_out, 0)) {
                 Some(driver_fh) => {
                     if self.shared.objects().restore_handle(fh, dir, driver_fh) {
                         restored.handles += 1;
                         self.retake_locks(fh)?;
+                        if dir {
+                            listings.push((driver_node, driver_fh));
+                        }
                     } else {
                         self.release(driver_node, driver_fh, flags, dir);
                     }
@@ -424,6 +431,17 @@ impl NewDriver<'_> {
                 None => self.handle_lost(restored),
             }
         }
+        // A reopened directory is read from its start once before the kernel goes on from
+        // where it was: libfuse's high-level API reads a whole directory when asked for
+        // offset 0 and serves later offsets from that copy (sshfs asserts it is never asked
+        // for another offset first). What the driver answers is of no use to anyone.
+        self.call_all(
+            listings.iter().map(|&(driver_node, driver_fh)| {
+                readdir_request(0, driver_node, driver_fh, 0, PRIMING_READDIR_SIZE)
+            }),
+            ReplyShape::UpTo(PRIMING_READDIR_SIZE),
+        )
+        .map_err(|e| format!("listing reopened directories: {e}"))?;
         Ok(())
     }
 
@@ -706,6 +724,15 @@ impl NewDriver<'_> {
             return Ok(());
         }
         request.failures += 1;
+        if let Some((generation, sent)) = request.sent {
+            tracing::debug!(
+                "request {unique} ({}) was in flight at failure {} (sent to generation \
+                 {generation} {:.1} ms before)",
+                describe(&request),
+                request.failures,
+                sent.elapsed().as_secs_f64() * 1e3
+            );
+        }
         if request.failures >= POISON_FAILURES {
             tracing::warn!(
                 "request {unique} ({}) was in flight at {} driver failures in a row; failing \
@@ -811,11 +838,51 @@ impl NewDriver<'_> {
                     self.send_again(unique, request);
                 }
             }
+            (Some(Opcode::Write), _) => match self.appended(&request)? {
+                Some(size) => {
+                    let written = fuse_wire::abi::WriteOut { size, padding: 0 };
+                    answer_with(shared, unique, queue, written.as_bytes());
+                }
+                None => self.send_again(unique, request),
+            },
             // Reads, writes at explicit offsets, attribute changes, opens, lookups: repeating
             // them gives what the first attempt would have.
             _ => self.send_again(unique, request),
         }
         Ok(())
+    }
+
+    /// For a write(2) through an `O_APPEND` handle that the file already holds, the size it
+    /// wrote. Such a write lands at the end of the file whatever its offset says, so sending
+    /// it again would append it twice; the kernel gave it the file's size as its offset, so
+    /// a file that reaches past offset + size has it (one writer: the kernel's own).
+    fn appended(&self, request: &Inflight) -> io::Result<Option<u32>> {
+        let mut bytes = request.request.bytes().to_vec();
+        request.request.patches.undo(&mut bytes);
+        let Ok(req) = Request::parse(&bytes) else {
+            return Ok(None);
+        };
+        let Ok((write, _)) = fuse_wire::abi::WriteIn::read_from_prefix(req.body) else {
+            return Ok(None);
+        };
+        let append = rustix::fs::OFlags::APPEND.bits();
+        if write.flags & append == 0 || write.write_flags & fuse_wire::abi::WRITE_CACHE != 0 {
+            return Ok(None);
+        }
+        let Some(driver_node) = resolve(self.shared, self.driver, req.header.nodeid, self.timeout)?
+        else {
+            return Ok(None);
+        };
+        let attr = self
+            .call(getattr_request(0, driver_node), ReplyShape::Attr)?
+            .ok()
+            .and_then(|body| {
+                fuse_wire::abi::AttrOut::read_from_prefix(&body)
+                    .ok()
+                    .map(|(out, _)| out.attr.size)
+            });
+        let end = write.offset.saturating_add(u64::from(write.size));
+        Ok(attr.filter(|&size| size >= end).map(|_| write.size))
     }
 
     /// Sends a waiting request to the new driver, in its ids.
