@@ -74,7 +74,8 @@ pub struct Served<'a> {
     pub mountpoint: &'a Path,
     pub channel_inode: u64,
     pub proxy: &'a Proxy,
-    /// A restarted driver is expected to mount it again.
+    /// A failed driver is being replaced: a mount of it is the new driver's, an unmount the
+    /// old one's on its way out.
     pub recovering: bool,
 }
 
@@ -281,8 +282,9 @@ fn handle_umount(
         return Ok(Intercepted::Other);
     }
     if recovering {
-        // A helper of the failed driver (fusermount's auto_unmount) must not take the mount
-        // down: a new driver is coming. It is told the unmount happened.
+        // The failed driver on its way out, or a helper of it (fusermount's auto_unmount),
+        // must not take the mount down: a new driver is coming. It is told the unmount
+        // happened.
         seccomp::respond(listener, notif.id, 0, 0)?;
         return Ok(Intercepted::Other);
     }

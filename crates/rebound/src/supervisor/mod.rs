@@ -269,7 +269,9 @@ impl Run<'_> {
                 return Ok(());
             }
         };
-        let recovering = matches!(self.phase, Phase::Recovering(Step::Mounting { .. }));
+        // From the moment a failure is seen: a driver being killed may still unmount (sshfs
+        // does when its ssh process dies first), and that must not take the mount down.
+        let recovering = matches!(self.phase, Phase::Recovering(_));
         let ours = self.served.as_ref().map(|s| intercept::Served {
             mountpoint: &s.mountpoint,
             channel_inode: s.channel_inode,
