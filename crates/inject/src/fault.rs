@@ -10,7 +10,7 @@
 
 use iced_x86::{
     Code, ConditionCode, Decoder, DecoderOptions, Encoder, FlowControl, Formatter, Instruction,
-    InstructionInfoFactory, IntelFormatter, OpAccess, OpKind, Register,
+    InstructionInfoFactory, IntelFormatter, Mnemonic, OpAccess, OpKind, Register,
 };
 use serde::{Deserialize, Serialize};
 
@@ -131,7 +131,8 @@ pub fn scan(kind: CodeFault, code: &[u8], ip: u64) -> Vec<(usize, usize)> {
     while decoder.can_decode() {
         let offset = (decoder.ip() - ip) as usize;
         decoder.decode_out(&mut instr);
-        if instr.is_invalid() {
+        // Padding between functions (multi-byte NOPs, INT3) never runs: no candidate.
+        if instr.is_invalid() || matches!(instr.mnemonic(), Mnemonic::Nop | Mnemonic::Int3) {
             recent.clear();
             continue;
         }
@@ -457,7 +458,7 @@ mod tests {
         let p = apply(CodeFault::Destination, &bytes, 7);
         check_common(CodeFault::Destination, &bytes, &p);
         let i = first(&p);
-        assert_eq!(i.mnemonic(), iced_x86::Mnemonic::Add);
+        assert_eq!(i.mnemonic(), Mnemonic::Add);
         assert_ne!(i.op0_register(), Register::ECX);
         assert_eq!(i.op1_register(), Register::EDX);
         // cmp writes nothing: no destination fault

@@ -93,7 +93,8 @@ pub fn plan(
             kind.name()
         );
     }
-    let mut rng = Rng::new(seed ^ 0x5245_424f_554e_4421);
+    // One stream per fault type, so that seed 1 does not pick the same spots for every type.
+    let mut rng = Rng::new(seed ^ 0x5245_424f_554e_4421 ^ ((kind as u64 + 1) << 56));
     let mut out: Vec<Planned> = Vec::new();
     let mut attempts = 0;
     while out.len() < count && attempts < count * 64 + 64 {
