@@ -216,14 +216,14 @@ def driver_pid(m):
     return next((p for p in m.driver_pids if exe_name(p) == EXES[m.driver]), None)
 
 
-def mount_alive(mnt, timeout=3.0):
-    """Whether stat of the mount point answers (False on ENOTCONN or no answer in time)."""
+def mount_lost(mnt, timeout=3.0):
+    """Whether stat of the mount point fails with ENOTCONN (or does not answer in time)."""
     try:
-        res = subprocess.run(["stat", "-c", "%i", str(mnt)], capture_output=True,
-                             timeout=timeout)
-        return res.returncode == 0
+        res = subprocess.run(["stat", "-c", "%i", str(mnt)], capture_output=True, text=True,
+                             timeout=timeout, env={**os.environ, "LC_ALL": "C"})
+        return "not connected" in res.stderr
     except subprocess.TimeoutExpired:
-        return False
+        return True
 
 
 def inject(m, fault, seed, count):
@@ -294,7 +294,7 @@ def run_mode(driver, mode, fault, seed, count, sshd):
             flags["mount_lost"] = result["enotconn"]
             flags["app_error"] = result["n_errors"] > 0 and not result["enotconn"]
             flags["corrupted"] = bool(result["mismatches"])
-        if not flags["hung"] and not mount_alive(m.mnt):
+        if not flags["hung"] and mount_lost(m.mnt):
             flags["mount_lost"] = True
         if mode == "rebound":
             st = status_of(m.mnt) or {}
@@ -577,6 +577,9 @@ def main():
     p.add_argument("--faults", type=int, default=5, help="code faults injected per trial")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--jsonl", help="write the results here (default: OUT/campaign-TIME.jsonl)")
+    p.add_argument("--no-report", action="store_true", help="only the JSON lines")
+    p.add_argument("--command", help=argparse.SUPPRESS)  # the regenerate command to print
     p.add_argument("--report", nargs="+", metavar="JSONL",
                    help="only render the report (and charts) of earlier result files")
     p.add_argument("--workload", nargs=3, help=argparse.SUPPRESS)
@@ -591,8 +594,8 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.report:
-        print(write_report(args.report, out,
-                           "bench/campaign.py --report " + " ".join(args.report)))
+        print(write_report(args.report, out, args.command
+                           or "bench/campaign.py --report " + " ".join(args.report)))
         return
     drivers, types = args.drivers.split(","), args.types.split(",")
     bad = [d for d in drivers if d not in DRIVERS] + [t for t in types if t not in TYPES]
@@ -610,7 +613,7 @@ def main():
     meta = {"started": started, "commit": commit, "machine": platform.machine(),
             "kernel": platform.release(), "cpus": os.cpu_count(), "faults": args.faults,
             "per_type": args.per_type, "per_type_other": args.per_type_other, "seed": args.seed, "command": command}
-    path = out / f"campaign-{started.replace(':', '')}.jsonl"
+    path = Path(args.jsonl) if args.jsonl else out / f"campaign-{started.replace(':', '')}.jsonl"
     other = args.per_type if args.per_type_other is None else args.per_type_other
     plan = [(d, t, i) for d in drivers for t in types
             for i in range(other if t in OTHER_TYPES else args.per_type)]
@@ -636,7 +639,10 @@ def main():
         if sshd is not None:
             sshd.stop()
         mounts.remove_workdir(run_dir)
-    md = write_report([path], out, command)
+    if args.no_report:
+        print(f"results: {path}")
+        return
+    md = write_report([path], out, args.command or command)
     print(md)
     print(f"results: {path}, {out / 'campaign-latest.md'}")
 
