@@ -392,6 +392,10 @@ def summarize(rows):
             if d["outcome"] in FAILURES:
                 s["direct_fail"] += 1
                 s["prevented"] += not rb_fail
+                # Nooks' split: the driver crashed or hung (fatal) or answered wrongly.
+                kind = "fatal" if d["outcome"] in ("mount_lost", "hung") else "nonfatal"
+                s[kind] = s.get(kind, 0) + 1
+                s[kind + "_prevented"] = s.get(kind + "_prevented", 0) + (not rb_fail)
             elif rb_fail:
                 s["rebound_only_fail"] += 1
     return out
@@ -412,7 +416,8 @@ def render(metas, rows, command, pngs=()):
              f"{meta.get('cpus', '?')} CPUs, started {meta.get('started', '?')}; "
              f"{meta.get('faults', '?')} faults per code-fault trial.", ""]
     tot = {"direct_fail": 0, "prevented": 0, "trials": 0, "rebound_fail": 0,
-           "rebound_only_fail": 0}
+           "rebound_only_fail": 0, "fatal": 0, "fatal_prevented": 0, "nonfatal": 0,
+           "nonfatal_prevented": 0}
     for driver in drivers:
         lines += [f"## {driver}", "",
                   "| fault type | trials | direct failures | rebound failures | prevented "
@@ -425,7 +430,7 @@ def render(metas, rows, command, pngs=()):
             if not s:
                 continue
             for k in dt:
-                dt[k] += s[k]
+                dt[k] += s.get(k, 0)
             direct = "n/a (no channel)" if fault == "corrupt" else str(s["direct_fail"])
             prevented = ("–" if fault == "corrupt" else
                          f"{s['prevented']}/{s['direct_fail']} "
@@ -454,8 +459,17 @@ def render(metas, rows, command, pngs=()):
               f"end with no application error and intact data under rebound. Measured: "
               f"**{tot['prevented']}/{tot['direct_fail']} "
               f"({pct(tot['prevented'], tot['direct_fail'])})** over {tot['trials']} trials; "
-              f"{tot['rebound_only_fail']} trials failed under rebound but not directly. "
-              f"(Nooks: 313/317 = 99% of crashes.)", ""]
+              f"{tot['rebound_only_fail']} trials failed under rebound but not directly.", "",
+              "Split as Nooks did (fatal: the direct mount was lost or hung, i.e. the driver "
+              "crashed or hung; non-fatal: the driver lived on but an operation failed or data "
+              "came back wrong):", "",
+              "| direct failures | trials | prevented under rebound | Nooks |",
+              "|---|---:|---:|---|",
+              f"| fatal (mount lost, hung) | {tot['fatal']} | {tot['fatal_prevented']} "
+              f"({pct(tot['fatal_prevented'], tot['fatal'])}) | 313/317 crashes (99%) |",
+              f"| non-fatal (error, corrupted) | {tot['nonfatal']} | "
+              f"{tot['nonfatal_prevented']} ({pct(tot['nonfatal_prevented'], tot['nonfatal'])})"
+              f" | 58.6% |", ""]
     bad = [r for r in rows if r.get("mode") == "rebound" and r.get("outcome") in FAILURES]
     if bad:
         lines += ["Trials that failed under rebound (driver, fault, seed: outcome, evidence):", ""]
