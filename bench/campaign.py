@@ -472,8 +472,8 @@ def render(metas, rows, command, pngs=()):
               f" | 58.6% |", ""]
     bad = [r for r in rows if r.get("mode") == "rebound" and r.get("outcome") in FAILURES]
     if bad:
-        lines += ["Trials that failed under rebound (driver, fault, seed: outcome, evidence):", ""]
-        for r in bad[:60]:
+        lines += why_table(bad)
+        for r in bad[:40]:
             ev = "; ".join((r.get("errors") or []) + (r.get("mismatches") or []))[:200]
             if r.get("e2fsck"):
                 ev += " e2fsck: " + r["e2fsck"].strip().splitlines()[-1][:100]
@@ -489,6 +489,29 @@ def render(metas, rows, command, pngs=()):
     for png, what in pngs:
         lines.append(f"![{what}]({png})")
     return "\n".join(lines) + "\n"
+
+
+def why_table(bad):
+    """Rebound's failures by driver and fault type, split by what rebound saw: nothing (the
+    faulty driver stayed up and its wrong answers were well-formed, so every check passed
+    them), or a driver failure it recovered from after wrong answers had already reached the
+    application (or whose recovery itself failed)."""
+    counts = {}
+    for r in bad:
+        seen = (r.get("driver_failures") or 0) > 0
+        c = counts.setdefault((r["driver"], r["fault"]), [0, 0])
+        c[seen] += 1
+    lines = ["Why rebound failed, by driver and fault type: *unseen* = the driver never "
+             "failed in rebound's eyes (it stayed up, answered in time, and its wrong answers "
+             "were well-formed FUSE replies, so validation passed them); *too late* = rebound "
+             "detected a failure and recovered, but before failing the driver had already sent "
+             "wrong answers or written wrong data to its backing store "
+             "(or its recovery failed).", "",
+             "| driver | fault type | unseen | too late |", "|---|---|---:|---:|"]
+    for (driver, fault), (unseen, late) in sorted(
+            counts.items(), key=lambda kv: (kv[0][0], TYPES.index(kv[0][1]))):
+        lines.append(f"| {driver} | {fault} | {unseen} | {late} |")
+    return lines + ["", "Examples (driver, fault, seed: outcome, evidence):", ""]
 
 
 def plot(rows, out):
