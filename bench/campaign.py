@@ -24,7 +24,8 @@ every byte, renaming and unlinking some and listing the directory against what i
 after operation INJECT_AT (random) it stops until the runner has injected; at the end it
 re-reads every file and lists the directory once more. Outcome classes, most severe first:
   mount_lost   an operation failed with ENOTCONN, or the mount point is dead afterwards
-  hung         the workload did not finish within HANG_S seconds of the injection
+  hung         the workload did not finish within HANG_S seconds of the injection, or the
+               unmount at the end did not within STOP_S
   corrupted    a byte read back differs, the listing is wrong, or `e2fsck -fn` finds errors
                in the image after the unmount (fuse2fs)
   app_error    an operation failed with any other error
@@ -42,6 +43,7 @@ import random
 import select
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -62,6 +64,7 @@ EXES = {"fuse2fs": "fuse2fs", "passthrough_ll": "passthrough_ll", "sshfs": "sshf
 FAILURES = ("mount_lost", "hung", "corrupted", "app_error")
 CLASSES = FAILURES + ("recovered", "no_effect")
 HANG_S = 6.0       # seconds the workload may take after the injection before it counts as hung
+STOP_S = 8.0      # seconds a normal stop (unmount) may take before it counts as hung
 READY_S = 20.0     # seconds the workload may take to reach its injection point
 FILES = 120
 LEAK_MB = 2048
@@ -334,10 +337,24 @@ def teardown(m, wl, flags, row):
             mounts.kill_all([wl.pid], timeout=1.0)
             wl.wait(timeout=10)
         if healthy:
+            # A driver the faults left hanging hangs the unmount too: that is the application
+            # (umount) hung, and the connection is aborted so that the unmount returns.
+            conn = mounts.fuse_connection(m.mnt)
+            timer = None
+            if conn is not None:
+                def unhang():
+                    flags["hung"] = True
+                    row["stop_error"] = f"unmount hung for {STOP_S:.0f} s"
+                    mounts.abort_connection(conn)
+                timer = threading.Timer(STOP_S, unhang)
+                timer.start()
             try:
                 m.stop()
             except Exception as e:  # noqa: BLE001  a stop that fails is a finding, not a crash
                 row["stop_error"] = f"{type(e).__name__}: {e}"[:300]
+            finally:
+                if timer is not None:
+                    timer.cancel()
         else:
             if m.proc is not None and m.proc.poll() is None:
                 m.proc.terminate()
@@ -361,10 +378,20 @@ def pct(a, b):
     return f"{100.0 * a / b:.1f}%" if b else "–"
 
 
+def normalize(r):
+    """A run whose unmount hung is `hung` whatever its workload saw (rows written before the
+    runner bounded the unmount itself carry only the `stop_error`)."""
+    err = r.get("stop_error") or ""
+    if r.get("outcome") in ("recovered", "no_effect", "app_error", "corrupted") and \
+            ("timed out" in err or "unmount hung" in err):
+        r = {**r, "outcome": "hung", "flags": {**r.get("flags", {}), "hung": True}}
+    return r
+
+
 def pair_rows(rows):
     """{(driver, fault, seed): {mode: row}}, counted trials only."""
     trials = {}
-    for r in rows:
+    for r in map(normalize, rows):
         trials.setdefault((r["driver"], r["fault"], r["seed"]), {})[r["mode"]] = r
     return trials
 
@@ -470,7 +497,8 @@ def render(metas, rows, command, pngs=()):
               f"| non-fatal (error, corrupted) | {tot['nonfatal']} | "
               f"{tot['nonfatal_prevented']} ({pct(tot['nonfatal_prevented'], tot['nonfatal'])})"
               f" | 58.6% |", ""]
-    bad = [r for r in rows if r.get("mode") == "rebound" and r.get("outcome") in FAILURES]
+    bad = [r for r in map(normalize, rows)
+           if r.get("mode") == "rebound" and r.get("outcome") in FAILURES]
     if bad:
         lines += why_table(bad)
         for r in bad[:40]:
