@@ -556,7 +556,7 @@ def plot(rows, out):
         r = [summ[(driver, f)]["rebound_fail"] for f in faults]
         ax.bar([x - 0.2 for x in xs], d, 0.4, label="direct: failures", color="#c44")
         ax.bar([x + 0.2 for x in xs], r, 0.4, label="rebound: failures", color="#48c")
-        ax.set_xticks(list(xs), faults)
+        ax.set_xticks(list(xs), faults, rotation=25)
         ax.set_ylabel("trials")
         ax.set_title(driver)
         ax.grid(True, axis="y", alpha=0.3)
