@@ -491,6 +491,18 @@ mod tests {
         dir
     }
 
+    #[test]
+    fn corrupt_arms_the_proxy() {
+        let board = StatusBoard::default();
+        assert!(corrupt(&board, "corrupt 3 7")["error"].is_string());
+        let stats = Arc::new(ProxyStats::default());
+        board.attach(stats.clone(), Box::new(|| (0, 0)));
+        assert!(corrupt(&board, "corrupt 3")["error"].is_string());
+        assert_eq!(corrupt(&board, "corrupt 3 7")["ok"], true);
+        assert_eq!(stats.corrupt_next.load(Relaxed), 3);
+        assert_eq!(stats.corrupt_seed.load(Relaxed), 7);
+    }
+
     fn serving_board(mountpoint: &str) -> Arc<StatusBoard> {
         let board = Arc::new(StatusBoard::default());
         board.update(|s| {
