@@ -439,6 +439,21 @@ def render(metas, rows, command, pngs=()):
              "under rebound, while a short workload verifies every byte it reads back. "
              "Outcome classes and the workload: see `bench/campaign.py`.", "",
              f"Regenerate: `{command}`", "",
+             "Notes on method. Code faults (Nooks' Table II) go into the driver's own code "
+             "(its executable and own libraries; not libc, libfuse, glib), 5 per trial, at "
+             "random instructions, so many land in code the workload never runs (no effect), "
+             "as in Nooks. `kill` sends SIGSEGV, SIGBUS, SIGABRT or SIGKILL; `hang` puts "
+             "`jmp $` where the driver's threads wait for requests; `leak` maps and touches "
+             f"{LEAK_MB} MiB that are never freed (no memory limit is set in either mode, so it "
+             "harms nothing within a trial); `corrupt` flips a bit of the header of the "
+             "driver's next reply (and cuts its body short one time in four) inside rebound's "
+             "channel, so it has no direct counterpart. Under rebound: restart at once, "
+             "unlimited budget, a request unanswered for 2 s counts as a hang; fuse2fs with the "
+             "redo log and `e2fsck -fy` before each restart. A failure is what the application "
+             "or the data shows: mount lost (ENOTCONN), hung (no progress within "
+             f"{HANG_S:.0f} s, or an unmount that hangs {STOP_S:.0f} s), corrupted (a byte read "
+             "back differs, a wrong listing, or `e2fsck -fn` errors after the unmount), "
+             "application error (any other errno).", "",
              f"Commit {meta.get('commit', '?')}, kernel {meta.get('kernel', '?')}, "
              f"{meta.get('cpus', '?')} CPUs, started {meta.get('started', '?')}; "
              f"{meta.get('faults', '?')} faults per code-fault trial.", ""]
