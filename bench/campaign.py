@@ -454,9 +454,17 @@ def render(metas, rows, command, pngs=()):
              f"{HANG_S:.0f} s, or an unmount that hangs {STOP_S:.0f} s), corrupted (a byte read "
              "back differs, a wrong listing, or `e2fsck -fn` errors after the unmount), "
              "application error (any other errno).", "",
-             f"Commit {meta.get('commit', '?')}, kernel {meta.get('kernel', '?')}, "
-             f"{meta.get('cpus', '?')} CPUs, started {meta.get('started', '?')}; "
-             f"{meta.get('faults', '?')} faults per code-fault trial.", ""]
+             f"Kernel {meta.get('kernel', '?')}, {meta.get('cpus', '?')} CPUs; "
+             f"{meta.get('faults', '?')} faults per code-fault trial. Runs:", ""]
+    for mt in metas:
+        drv = mt.get("command", "").split("--drivers ")[-1].split(" ")[0]
+        mine = [r for r in rows if r.get("driver") in drv.split(",")]
+        busy = sum(r.get("seconds") or 0 for r in mine)
+        lines.append(f"- {drv}: started {mt.get('started')}, commit {mt.get('commit')}, "
+                     f"{len(mine)} runs (trial x mode), {busy / 60:.1f} min in trials")
+    timed_out = sum("TimeoutExpired" in (r.get("stop_error") or "") for r in rows)
+    lines += ["", f"{timed_out} runs' stop timed out (their driver or rebound did not exit "
+              "within 30 s of the unmount); they count as hung.", ""]
     tot = {"direct_fail": 0, "prevented": 0, "trials": 0, "rebound_fail": 0,
            "rebound_only_fail": 0, "fatal": 0, "fatal_prevented": 0, "nonfatal": 0,
            "nonfatal_prevented": 0}
