@@ -5,6 +5,8 @@
 //! command and reads one line of JSON back:
 //! - `status`: the mount's [`MountStatus`]. A client that writes nothing within 200 ms gets
 //!   the same (clients from before the commands only read).
+//! - `corrupt N SEED` (fault injection): the proxy corrupts the driver's next N replies in
+//!   transit, before its checks; answers `{"ok":true,...}`.
 //! - `restart`: the run restarts its driver through the trigger it gave
 //!   [`ControlSocket::start`]; the [`RestartAnswer`] comes once the board shows that recovery
 //!   finished (or failed, or the run stops), after 120 s at most.
@@ -216,8 +218,9 @@ fn serve(conn: &UnixStream, board: &StatusBoard, trigger: &(dyn Fn() + Send + Sy
     let answer = match line.trim() {
         "" | "status" => serde_json::to_string(&board.snapshot()),
         "restart" => serde_json::to_string(&restart(board, trigger)),
+        cmd if cmd.starts_with("corrupt ") => serde_json::to_string(&corrupt(board, cmd)),
         other => serde_json::to_string(&serde_json::json!({
-            "error": format!("unknown command `{other}`; the commands are status and restart")
+            "error": format!("unknown command `{other}`; the commands are status, restart and corrupt")
         })),
     };
     let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
@@ -275,6 +278,41 @@ fn restart(board: &StatusBoard, trigger: &(dyn Fn() + Send + Sync)) -> RestartAn
         recovery_ms: now.recovery_ms.last().copied(),
         error,
     }
+}
+
+/// Fault injection: `corrupt N SEED` makes the proxy corrupt the driver's next N replies in
+/// transit, before its checks (see `proxy::corrupt_in_transit`).
+fn corrupt(board: &StatusBoard, cmd: &str) -> serde_json::Value {
+    let args: Vec<u64> = cmd
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let [n, seed] = args[..] else {
+        return serde_json::json!({ "error": "usage: corrupt N SEED" });
+    };
+    match &*board.counters.lock().unwrap_or_else(|e| e.into_inner()) {
+        Some(c) => {
+            c.stats.corrupt_seed.store(seed, Relaxed);
+            c.stats.corrupt_next.store(n, Relaxed);
+            tracing::warn!("fault injection: the next {n} driver replies will be corrupted");
+            serde_json::json!({ "ok": true, "armed": n, "seed": seed })
+        }
+        None => serde_json::json!({ "error": "the proxy has not started" }),
+    }
+}
+
+/// Sends `corrupt N SEED` to the run listening on `socket`; returns its one-line answer.
+pub fn request_corrupt(socket: &Path, n: u64, seed: u64) -> Result<String, String> {
+    ask(
+        socket,
+        &format!("corrupt {n} {seed}"),
+        Duration::from_secs(5),
+    )
+    .map_err(|e| match e {
+        QueryError::Gone => "the run is gone".to_string(),
+        QueryError::Other(e) => e,
+    })
 }
 
 fn with_cause(what: &str, cause: &Option<String>) -> String {
@@ -451,6 +489,18 @@ mod tests {
             std::env::temp_dir().join(format!("rebound-control-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         dir
+    }
+
+    #[test]
+    fn corrupt_arms_the_proxy() {
+        let board = StatusBoard::default();
+        assert!(corrupt(&board, "corrupt 3 7")["error"].is_string());
+        let stats = Arc::new(ProxyStats::default());
+        board.attach(stats.clone(), Box::new(|| (0, 0)));
+        assert!(corrupt(&board, "corrupt 3")["error"].is_string());
+        assert_eq!(corrupt(&board, "corrupt 3 7")["ok"], true);
+        assert_eq!(stats.corrupt_next.load(Relaxed), 3);
+        assert_eq!(stats.corrupt_seed.load(Relaxed), 7);
     }
 
     fn serving_board(mountpoint: &str) -> Arc<StatusBoard> {

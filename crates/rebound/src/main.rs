@@ -1,9 +1,10 @@
 //! `rebound`: the command line. Parses arguments, sets up logging, hands over to the
-//! supervisor (`run`) or the control socket's client (`status`, `restart`); nothing else lives
-//! here.
+//! supervisor (`run`), the control socket's client (`status`, `restart`) or the fault injector
+//! (`inject`); nothing else lives here.
 
 mod config;
 mod control;
+mod inject;
 mod paths;
 mod proxy;
 mod supervisor;
@@ -56,6 +57,9 @@ enum Verb {
         /// The mount point, as served by a `rebound run`.
         mountpoint: PathBuf,
     },
+    /// Inject faults into a live driver (Nooks' fault types, and more):
+    /// `rebound inject --mount /mnt/disk --fault pointer --count 5 --seed 7`.
+    Inject(inject::InjectArgs),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +78,13 @@ fn main() -> ExitCode {
         .init();
 
     match cli.command {
+        Verb::Inject(args) => match inject::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("rebound: inject: {e:#}");
+                ExitCode::from(1)
+            }
+        },
         Verb::Status { json } => {
             let all = control::query_all(&control::run_dir());
             if json {

@@ -102,6 +102,10 @@ pub struct ProxyStats {
     pub restored_nodes: AtomicU64,
     /// Nodes and handles a restarted driver did not have (each fails with `EIO`).
     pub lost_objects: AtomicU64,
+    /// Fault injection (`rebound inject --fault corrupt`): how many of the driver's next
+    /// replies to corrupt before they are checked, and the seed that says how.
+    pub corrupt_next: AtomicU64,
+    pub corrupt_seed: AtomicU64,
 }
 
 /// The channel pair a driver gets in place of `/dev/fuse`: rebound's end and the driver's.
@@ -1017,6 +1021,7 @@ fn deliver_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) {
         }
         return;
     }
+    let msg = corrupt_in_transit(&shared.stats, msg);
     // Held while the message is checked, committed and written, so that a recovery cannot
     // start in between: a failed driver's last words never reach the kernel.
     let link = shared.link();
@@ -1061,6 +1066,38 @@ fn deliver_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) {
         first_reply_served(shared);
         shared.buffers.recycle(request.request);
     }
+}
+
+/// Fault injection: while [`ProxyStats::corrupt_next`] is armed, damages the driver message as
+/// a faulty channel would (one random bit of its header flipped, and one time in four its
+/// body cut short), for the checks that follow to catch. Returns the message to go on with.
+fn corrupt_in_transit<'m>(stats: &ProxyStats, msg: &'m mut [u8]) -> &'m mut [u8] {
+    let armed = stats
+        .corrupt_next
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    if armed.is_err() {
+        return msg;
+    }
+    // SplitMix64 over the seed and the message count, so one seed gives one sequence.
+    let mut z = stats
+        .corrupt_seed
+        .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+        .wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let bit = (z % (size::OUT_HEADER as u64 * 8)) as usize;
+    msg[bit / 8] ^= 1 << (bit % 8);
+    let len = msg.len();
+    let cut = if (z >> 32).is_multiple_of(4) && len > size::OUT_HEADER {
+        size::OUT_HEADER + ((z >> 40) as usize % (len - size::OUT_HEADER))
+    } else {
+        len
+    };
+    tracing::warn!(
+        "fault injection: corrupted a driver message (header bit {bit}, {len} -> {cut} bytes)"
+    );
+    &mut msg[..cut]
 }
 
 fn cache_root_attr(shared: &Shared, attr: &[u8]) {
