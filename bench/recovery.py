@@ -206,8 +206,9 @@ def measure(driver, args, sshd):
             nodes.append(st["nodes"])
             kill_times.append(time.monotonic())
             os.kill(st["driver_pid"], signal.SIGKILL)
-            seen = mounts.wait_for(lambda: (rebound_status(m.mnt) or st)["failures"] > st["failures"],
-                                   10, interval=0.005)
+            seen = mounts.wait_for(
+                lambda: (rebound_status(m.mnt) or st)["failures"] > st["failures"], 10,
+                interval=0.005)
             if seen:
                 row["kills"] += 1
             else:
@@ -472,7 +473,9 @@ def main():
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     meta = {"started": started, "commit": commit, **machine_meta(), "kills": args.kills,
-            "files": args.files, "remounts": args.remounts, "settle_s": args.settle, "command": " ".join(["bench/recovery.py"] + sys.argv[1:])}
+            "files": args.files, "remounts": args.remounts, "settle_s": args.settle,
+            "rebound": str(mounts.rebound_bin()),
+            "command": " ".join(["bench/recovery.py"] + sys.argv[1:])}
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"recovery-{started.replace(':', '')}.jsonl"
     rows = []

@@ -136,12 +136,17 @@ class Target:
 # "s"; a value that is a string is a note on how it was measured (the fio engine) ---
 
 def fio(mnt, name, rw, bs, size, runtime, jobs=1, engine="psync", iodepth=1, direct=False):
+    """MiB/s of one fio job (or group of jobs). A write job writes its files anew and removes
+    them; a read job's files stay in the backing store, laid out by the first target that
+    reads them, so that the others (which share the backing store) do not lay them out again;
+    the reader drops their cached pages first (--invalidate)."""
+    writes = "write" in rw
     out = subprocess.run(
         ["fio", "--name", name, "--directory", str(mnt), "--rw", rw, "--bs", bs,
          "--size", size, "--runtime", str(runtime), "--time_based", "--numjobs", str(jobs),
          "--group_reporting", "--ioengine", engine, "--iodepth", str(iodepth),
-         f"--direct={int(direct)}", "--output-format", "json", "--unlink=1",
-         "--end_fsync=1" if "write" in rw else "--invalidate=1"],
+         f"--direct={int(direct)}", "--output-format", "json", f"--unlink={int(writes)}",
+         "--end_fsync=1" if writes else "--invalidate=1"],
         check=True, capture_output=True, text=True).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
     side = job["write"] if "write" in rw else job["read"]
@@ -176,7 +181,7 @@ def fio_qd16(mnt, q, name, rw):
 
 
 def w_seq_read(mnt, q):
-    return {"MiB/s": fio(mnt, "seqread", "read", "1M", q["size"], q["runtime"])}
+    return {"MiB/s": fio(mnt, "readfile", "read", "1M", q["size"], q["runtime"])}
 
 
 def w_seq_write(mnt, q):
@@ -184,7 +189,7 @@ def w_seq_write(mnt, q):
 
 
 def w_rand_read_4k(mnt, q):
-    return {"MiB/s": fio(mnt, "randread", "randread", "4k", q["size"], q["runtime"])}
+    return {"MiB/s": fio(mnt, "readfile", "randread", "4k", q["size"], q["runtime"])}
 
 
 def w_rand_write_4k(mnt, q):
@@ -192,7 +197,7 @@ def w_rand_write_4k(mnt, q):
 
 
 def w_rand_read_4k_qd16(mnt, q):
-    return fio_qd16(mnt, q, "randread16", "randread")
+    return fio_qd16(mnt, q, "readfile", "randread")
 
 
 def w_rand_write_4k_qd16(mnt, q):
@@ -309,7 +314,7 @@ def lower_is_better(metric):
 
 def inputs(work_root, quick):
     """Sizes, and the tarballs the untar and compile workloads unpack (built once per run)."""
-    q = {"size": "256M", "small_size": "16M", "runtime": 4, "files": 5000, "lat_samples": 2000,
+    q = {"size": "256M", "small_size": "16M", "runtime": 3, "files": 5000, "lat_samples": 2000,
          "image": 2 << 30, "make_args": []}
     if quick:
         q.update(size="64M", small_size="4M", runtime=2, files=1000, lat_samples=300,
@@ -473,6 +478,30 @@ def table(results):
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
+def ratio_table(results):
+    """Markdown: rebound/direct per workload metric (rows) and driver (columns), with the
+    per-repetition min–max; the summary the README quotes."""
+    summary = summarize(results)
+    drivers = list(dict.fromkeys(s["driver"] for s in summary))
+    rows = list(dict.fromkeys((s["workload"], s["metric"]) for s in summary))
+    cell = {(s["driver"], s["workload"], s["metric"]): s for s in summary}
+    lines = ["| workload | metric | " + " | ".join(drivers) + " |",
+             "|---|---|" + "---|" * len(drivers)]
+    for workload, metric in rows:
+        cells = []
+        for d in drivers:
+            s = cell.get((d, workload, metric))
+            if s is None:
+                cells.append("–")
+                continue
+            rd = s["rebound/direct"]
+            cells.append(f"**{rd:.2f}**" + (" ✗" if rd < GOAL else "")
+                         + (f" ({spread(s['paired'], lambda x: f'{x:.2f}')})"
+                            if s["n"] > 1 else ""))
+        lines.append(f"| {workload} | {metric} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def chart(results, path):
     """Bars of rebound/direct per workload metric and driver (ratio of medians; whiskers: the
     per-repetition min–max), with the goal line."""
@@ -546,6 +575,7 @@ def render(metas, results, command, png=None):
         "during the workload divided by the requests it forwarded (median over repetitions; "
         "the median request count in parentheses). Sync fio jobs use psync and the page cache; "
         "*qd16* jobs use the engine named below the table.\n\n"
+        f"rebound/direct at a glance:\n\n{ratio_table(results)}\n\nAll numbers:\n\n"
         f"{table(results)}\n")
     if png:
         text += f"\n![rebound/direct per workload and driver]({png})\n"
