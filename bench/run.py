@@ -85,7 +85,7 @@ class Target:
             subprocess.run(["mount", *how, str(self.mnt)], check=True)
             return
         self.mount = mounts.Mount(self.driver, self.kind, self.work, sshd=self.sshd,
-                                  watchdog=1800.0)
+                                  watchdog=300.0)  # a hung workload fails, not the run
         try:
             self.mount.start()
         except BaseException:
