@@ -470,7 +470,10 @@ def table(results):
                      + " | "
                        f"{s['direct/kernel']:.2f} | {cpu} |")
         if s["notes"] and s["metric"] == "MiB/s":
-            notes.append(f"- {s['driver']} {s['workload']}: " + "; ".join(s["notes"]))
+            how = sorted({n.split(": ", 1)[1] for n in s["notes"]})
+            notes.append(f"- {s['driver']} {s['workload']}: "
+                         + (f"{how[0]} (all targets)" if len(how) == 1
+                            else "; ".join(s["notes"])))
     for r in results:
         if "error" in r:
             notes.append(f"- **failed**: {r['driver']} {r['workload']} on {r['target']} "
