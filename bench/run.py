@@ -44,6 +44,7 @@ LUA_SRC = REPO / "tests" / ".build" / "lua-src"  # tests/setup.sh unpacks it
 DRIVERS = ("passthrough_ll", "fuse2fs", "sshfs")
 TARGETS = ("kernel", "direct", "rebound")
 GOAL = 0.95  # rebound/direct, issue 5
+CHART_TOP = 1.5  # the chart's y range ends here; a larger ratio is written on its bar
 
 
 def wait_for(cond, timeout, what):
@@ -122,6 +123,18 @@ class Target:
         if rc not in (0, None):
             raise RuntimeError(f"{m.describe()} exited with {rc}: {m.stderr()[-500:]}")
 
+    def warm_backing_store(self):
+        """Reads the backing store (the image, or the files of the directory) into the host's
+        page cache, so that every target starts a read workload from the same state."""
+        if mounts.DRIVERS[self.driver][1] == "image":
+            paths = [self.work / "disk.img"]
+        else:
+            paths = [p for p in (self.work / "src").rglob("*") if p.is_file()]
+        for path in paths:
+            with open(path, "rb", buffering=0) as f:
+                while f.read(1 << 20):
+                    pass
+
     def counters(self):
         """(CPU seconds rebound has used, requests it has forwarded) for the rebound target."""
         if self.kind != "rebound":
@@ -135,18 +148,21 @@ class Target:
 # --- workloads: each returns {metric: value}; higher is better unless the name says _us or is
 # "s"; a value that is a string is a note on how it was measured (the fio engine) ---
 
-def fio(mnt, name, rw, bs, size, runtime, jobs=1, engine="psync", iodepth=1, direct=False):
+def fio(mnt, name, rw, bs, size, runtime, jobs=1, engine="psync", iodepth=1, direct=False,
+        invalidate=True):
     """MiB/s of one fio job (or group of jobs). A write job writes its files anew and removes
     them; a read job's files stay in the backing store, laid out by the first target that
-    reads them, so that the others (which share the backing store) do not lay them out again;
-    the reader drops their cached pages first (--invalidate)."""
+    reads them, so that the others (which share the backing store) do not lay them out again.
+    A FUSE target's own page cache of them is empty (a fresh mount; --invalidate besides); the
+    backing store's is warm (Target.warm_backing_store), which for the kernel target is its
+    own, so it reads from the page cache."""
     writes = "write" in rw
     out = subprocess.run(
         ["fio", "--name", name, "--directory", str(mnt), "--rw", rw, "--bs", bs,
          "--size", size, "--runtime", str(runtime), "--time_based", "--numjobs", str(jobs),
          "--group_reporting", "--ioengine", engine, "--iodepth", str(iodepth),
          f"--direct={int(direct)}", "--output-format", "json", f"--unlink={int(writes)}",
-         "--end_fsync=1" if writes else "--invalidate=1"],
+         "--end_fsync=1" if writes else f"--invalidate={int(invalidate)}"],
         check=True, capture_output=True, text=True).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
     side = job["write"] if "write" in rw else job["read"]
@@ -175,13 +191,16 @@ def fio_qd16(mnt, q, name, rw):
     else 16 psync jobs (16 requests in flight either way); the same on all three targets."""
     if q["o_direct"]:
         return {"MiB/s": fio(mnt, name, rw, "4k", q["size"], q["runtime"], engine="libaio",
-                             iodepth=16, direct=True), "engine": "libaio, iodepth 16, O_DIRECT"}
-    return {"MiB/s": fio(mnt, name, rw, "4k", q["small_size"], q["runtime"], jobs=16),
+                             iodepth=16, direct=True, invalidate=q["invalidate"]),
+                "engine": "libaio, iodepth 16, O_DIRECT"}
+    return {"MiB/s": fio(mnt, name, rw, "4k", q["small_size"], q["runtime"], jobs=16,
+                         invalidate=q["invalidate"]),
             "engine": "psync, 16 jobs, buffered"}
 
 
 def w_seq_read(mnt, q):
-    return {"MiB/s": fio(mnt, "readfile", "read", "1M", q["size"], q["runtime"])}
+    return {"MiB/s": fio(mnt, "readfile", "read", "1M", q["size"], q["runtime"],
+                         invalidate=q["invalidate"])}
 
 
 def w_seq_write(mnt, q):
@@ -189,7 +208,8 @@ def w_seq_write(mnt, q):
 
 
 def w_rand_read_4k(mnt, q):
-    return {"MiB/s": fio(mnt, "readfile", "randread", "4k", q["size"], q["runtime"])}
+    return {"MiB/s": fio(mnt, "readfile", "randread", "4k", q["size"], q["runtime"],
+                         invalidate=q["invalidate"])}
 
 
 def w_rand_write_4k(mnt, q):
@@ -304,6 +324,7 @@ WORKLOADS = {
     "compile": w_compile,
     "latency": w_latency,
 }
+READS = ("seq_read_1M", "rand_read_4k", "rand_read_4k_qd16")  # read files fio laid out before
 ROW_KEYS = ("driver", "workload", "target", "rep", "loadavg", "wall_s", "rebound_cpu_s",
             "rebound_requests", "error")
 
@@ -379,6 +400,9 @@ def measure(t, name, rep, q):
     row = {"driver": t.driver, "workload": name, "target": t.kind, "rep": rep,
            "loadavg": os.getloadavg()[0]}
     begun = time.monotonic()
+    if name in READS:
+        t.warm_backing_store()
+    q = dict(q, invalidate=t.kind != "kernel")
     try:
         t.start()
         try:
@@ -532,10 +556,17 @@ def chart(results, path):
             ys.append(y)
             lo.append(max(0.0, y - min(s["paired"] or [y])))
             hi.append(max(0.0, max(s["paired"] or [y]) - y))
-        ax.bar(xs, ys, width, label=driver, yerr=[lo, hi], capsize=2,
-               error_kw={"elinewidth": 0.8})
+        ax.bar(xs, [min(y, CHART_TOP) for y in ys], width, label=driver,
+               yerr=[[v if y <= CHART_TOP else 0 for y, v in zip(ys, lo)],
+                     [v if y + v <= CHART_TOP else 0 for y, v in zip(ys, hi)]],
+               capsize=2, error_kw={"elinewidth": 0.8})
+        for x, y in zip(xs, ys):
+            if y > CHART_TOP:  # off the scale: the bar is cut, its value written on it
+                ax.text(x, CHART_TOP * 0.98, f"{y:.1f}", ha="center", va="top", fontsize=7,
+                        rotation=90, color="white")
     ax.axhline(GOAL, color="red", linestyle="--", linewidth=1, label=f"goal {GOAL}")
     ax.axhline(1.0, color="grey", linewidth=0.6)
+    ax.set_ylim(0, CHART_TOP)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=40, ha="right", fontsize=8)
     ax.set_ylabel("rebound / direct (higher is better)")
@@ -558,7 +589,7 @@ def load(paths):
 
 
 def render(metas, results, command, png=None):
-    runs = ", ".join(f"{m['started']} (commit {m['commit']})" for m in metas)
+    runs = ", ".join(f"{m['started']} (commit {m['commit']}, `{m['command']}`)" for m in metas)
     m = metas[0]
     machine = m.get("cpu_model", m["machine"])
     loads = [r["loadavg"] for r in results if "loadavg" in r]
@@ -569,7 +600,7 @@ def render(metas, results, command, png=None):
         + (f"; shared with other work (1-min load average at the measurements: median "
            f"{statistics.median(loads):.1f}, max {max(loads):.1f})" if loads else "")
         + ".\n\n"
-        f"Command: `{command}`\n\n"
+        f"Rendered by: `{command}`\n\n"
         f"{m['reps']} repetitions per target, interleaved (the target order rotates each "
         "repetition); each measurement on a fresh mount. Cells: median (min–max). "
         "rebound/direct is the ratio of the medians, > 1 is faster (for seconds and µs, the "
