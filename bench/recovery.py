@@ -4,12 +4,13 @@
 Owns: mounting each driver under rebound with a restart-friendly config, a light steady
 workload on a tree of small files the kernel holds, killing the driver (SIGKILL) a number of
 times, collecting rebound's own recovery latencies (`rebound status --json`, `recovery_ms`:
-from failure detection to the first request the new driver served), and writing JSON lines,
-a Markdown table and a CDF plot.
+from failure detection to the first request the new driver served), the reference point (a
+plain unmount + remount of the same driver mounted directly, timed the same way), and writing
+JSON lines, a Markdown table and a CDF plot.
 
     bench/recovery.py [--drivers fuse2fs,passthrough_ll,sshfs,gofuse] [--kills 30]
-                      [--files 3000] [--out bench/results]
-    bench/recovery.py --report bench/results/recovery-*.jsonl   (only the table and plot)
+                      [--remounts 100] [--settle 0.2] [--files 3000] [--out bench/results]
+    bench/recovery.py --report bench/results/recovery-*.jsonl   (table and plot again)
 
 The workload (one thread): over and over, on a random file of the tree, stat it, read it
 after dropping its cached pages and compare with what was last written, and rewrite it with
@@ -19,13 +20,12 @@ Between kills the script waits until the mount is served again and its recovery 
 been recorded, then lets the workload run for a moment.
 
 Mounting, the drivers' command lines and the private sshd come from tests/e2e/mounts.py; the
-polling helper and the rebound binary from bench/run.py.
+polling helper, the rebound binary and its status from bench/run.py.
 """
 
 import argparse
 import json
 import os
-import platform
 import random
 import re
 import signal
@@ -39,12 +39,12 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent / "tests" / "e2e"))
 import mounts  # noqa: E402  (tests/e2e/mounts.py)
-from run import REBOUND, REPO, wait_for  # noqa: E402  (bench/run.py)
+from run import (REPO, load, machine_meta, plot_with_matplotlib,  # noqa: E402  (bench/run.py)
+                 rebound_status, wait_for)
 
 DRIVERS = ("fuse2fs", "passthrough_ll", "sshfs", "gofuse")
 LABELS = {"gofuse": "go-fuse loopback"}
 FILE_SIZE = 1024
-SETTLE = 0.5  # seconds of undisturbed workload between a recovery and the next kill
 
 
 def config(driver, work):
@@ -55,15 +55,6 @@ def config(driver, work):
     if driver == "fuse2fs":
         text += f'redo_log = true\npre_restart = ["e2fsck", "-fy", "{work / "disk.img"}"]\n'
     return text
-
-
-def status_of(mnt):
-    out = subprocess.run([str(REBOUND), "status", "--json"], capture_output=True, text=True,
-                         timeout=10)
-    try:
-        return next((s for s in json.loads(out.stdout) if s["mountpoint"] == str(mnt)), None)
-    except ValueError:
-        return None
 
 
 def content(i, gen):
@@ -197,41 +188,45 @@ def measure(driver, args, sshd):
             until the latency of the last recovery is recorded: the workload's next request
             records it."""
             def serving():
-                st = status_of(m.mnt)
+                st = rebound_status(m.mnt)
                 return (st and st["state"] == "serving" and st["restarts"] >= row["kills"]
                         and st["driver_pid"] and mounts.alive(st["driver_pid"]))
             wait_for(serving, 60, f"{driver} serving again after kill {row['kills']}")
 
             def measured():
-                lat.gather(status_of(m.mnt))
+                lat.gather(rebound_status(m.mnt))
                 return len(lat.all) >= row["kills"]
             mounts.wait_for(measured, 5)
 
         while row["kills"] < args.kills and row["missed_kills"] < args.kills:
             serving_again()
-            time.sleep(SETTLE)
-            st = status_of(m.mnt)
+            time.sleep(args.settle)
+            st = rebound_status(m.mnt)
             lat.gather(st)
             nodes.append(st["nodes"])
             kill_times.append(time.monotonic())
             os.kill(st["driver_pid"], signal.SIGKILL)
-            seen = mounts.wait_for(lambda: (status_of(m.mnt) or st)["failures"] > st["failures"],
-                                   10, interval=0.005)
+            seen = mounts.wait_for(
+                lambda: (rebound_status(m.mnt) or st)["failures"] > st["failures"], 10,
+                interval=0.005)
             if seen:
                 row["kills"] += 1
             else:
                 row["missed_kills"] += 1  # the pid was not the serving driver; try again
                 kill_times.pop()
         serving_again()
-        time.sleep(SETTLE)
+        time.sleep(args.settle)
         load.stop.set()
         load.join()
         load.verify_all()
-        st = status_of(m.mnt)
+        st = rebound_status(m.mnt)
         lat.gather(st)
-        # What the application saw around each kill: its longest operation in the 5 s after.
+        # What the application saw around each kill: its longest operation that overlaps the
+        # time from the kill to the next one (at most 5 s).
+        ends = [min(t + 5, nxt) for t, nxt in zip(kill_times, kill_times[1:] + [float("inf")])]
         stalls = [max([took * 1000 for start, took in load.slow
-                       if start + took >= t and start <= t + 5] or [0.0]) for t in kill_times]
+                       if start + took >= t and start <= end] or [0.0])
+                  for t, end in zip(kill_times, ends)]
         row.update({
             "restarts": st["restarts"], "failures": st["failures"],
             "lost_objects": st["lost_objects"], "requests": st["requests"],
@@ -262,6 +257,48 @@ def measure(driver, args, sshd):
     finally:
         m.cleanup()
     return row
+
+
+def remount_reference(driver, args, sshd):
+    """The reference point: the driver mounted directly, unmounted with `umount` and mounted
+    again with its own command line, args.remounts times. Each cycle is timed from the `umount`
+    to the first request the new mount served (a stat of a file in it), including the wait for
+    the old driver to exit (fuse2fs writes its image then); polls every millisecond. Returns
+    the fields of the result row: remount_ms, or remount_error."""
+    if args.remounts <= 0:
+        return {}
+    m = mounts.Mount(driver, "direct", mounts.new_workdir(f"remount-{driver}"), sshd=sshd)
+    times = []
+    try:
+        m.prepare(256 * mounts.MiB)
+        m.start()
+        probe = m.mnt / "probe"
+        probe.write_bytes(b"probe")
+        argv = m.argv()
+        serving = list(mounts.procs_mentioning(m.mnt))
+        for _ in range(args.remounts):
+            start = time.monotonic()
+            subprocess.run(["umount", str(m.mnt)], check=True, capture_output=True, timeout=60)
+            if not mounts.wait_for(lambda: not any(mounts.alive(p) for p in serving), 60,
+                                   interval=0.001):
+                raise RuntimeError(f"{driver} still running 60 s after its unmount")
+            with open(m.work / "stderr", "ab") as log:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        start_new_session=True)
+            if not mounts.wait_for(lambda: mounts.is_fuse_mounted(m.mnt)
+                                   or proc.poll() not in (None, 0), 60, interval=0.001) \
+                    or not mounts.is_fuse_mounted(m.mnt):
+                raise RuntimeError(f"{driver} did not mount again: {m.stderr()[-500:]}")
+            os.stat(probe)
+            times.append((time.monotonic() - start) * 1000)
+            serving = list(mounts.procs_mentioning(m.mnt))  # not timed
+            if proc.poll() is None and proc.pid not in serving:
+                proc.wait(timeout=30)  # a daemonizing driver's parent
+        return {"remount_ms": times}
+    except Exception as e:  # recorded, not fatal: the table shows the gap
+        return {"remount_ms": times, "remount_error": f"{type(e).__name__}: {e}"[:1000]}
+    finally:
+        m.cleanup()
 
 
 # How rebound reports a driver that was killed.
@@ -295,8 +332,9 @@ def fmt(x):
 
 def table(rows):
     lines = ["| driver | kills | failures | restarts | workload errors | median ms | p90 ms | "
-             "p99 ms | max ms | app stall median / max ms | nodes held | lost objects |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "p99 ms | max ms | app stall median / max ms | nodes held | lost objects | "
+             "plain remount: n, median / p99 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for r in rows:
         name = LABELS.get(r["driver"], r["driver"])
@@ -311,7 +349,9 @@ def table(rows):
             f"**{fmt(q(50))}** | {fmt(q(90))} | {fmt(q(99))} | {fmt(max(lat) if lat else None)}"
             f" | {fmt(percentile(stall, 50) if stall else None)} / "
             f"{fmt(max(stall) if stall else None)} | {r['nodes_median']} | "
-            f"{r['lost_objects']} |")
+            f"{r['lost_objects']} | {remount_cell(r)} |")
+        if r.get("remount_error"):
+            notes.append(f"- {name}: the plain remounts stopped: `{r['remount_error']}`")
         if len(lat) != r["kills"]:
             notes.append(f"- {name}: {len(lat)} latencies recorded for {r['kills']} kills.")
         if r["workload_errors"]:
@@ -335,18 +375,31 @@ def table(rows):
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
+def remount_cell(r):
+    times = r.get("remount_ms")
+    if not times:
+        return "–"
+    return f"{len(times)}, {fmt(percentile(times, 50))} / {fmt(percentile(times, 99))}"
+
+
 def render(metas, rows, command, png=None):
     m = metas[0]
     runs = ", ".join(f"{x['started']} (commit {x['commit']})" for x in metas)
     text = (
-        f"# Recovery latency\n\nRuns: {runs}; kernel {m['kernel']}, {m['cpus']} CPUs; "
-        f"{m['kills']} SIGKILLs per driver, {m['files']} files of {FILE_SIZE} bytes in the "
-        "tree the workload uses.\n\n"
+        f"# Recovery latency\n\nRuns: {runs}. Machine: {m.get('cpu_model', m['machine'])}, "
+        f"{m['cpus']} CPUs, kernel {m['kernel']}; {m['files']} files of {FILE_SIZE} bytes in "
+        "the tree the workload uses"
+        + (f"; {m['settle_s']} s of undisturbed workload between a recovery and the next kill"
+           if "settle_s" in m else "") + ".\n\n"
         f"Command: `{command}`\n\n"
         "Latency is rebound's own `recovery_ms`: from detecting the failure to the first "
         "request the restarted driver served (for fuse2fs this includes the `pre_restart` "
         "e2fsck -fy of the image). Percentiles are nearest-rank. *App stall* is the longest "
-        "workload operation in the 5 s after each kill, as the application timed it. *Nodes "
+        "workload operation from each kill to the next (5 s at most), as the application timed "
+        "it. *Plain remount* is the reference point: the same driver mounted directly, "
+        "`umount`ed and started again with its own command line, from the `umount` to the "
+        "first request the new mount served (a `stat`), including the wait for the old "
+        "driver to exit; everything the kernel held through the mount is lost that way. *Nodes "
         "held* is the median number of nodes the kernel held at the kills. *Workload errors* "
         "counts every failed operation and every read that did not return what was last "
         "written, including a final read of every file; it must be 0.\n\n"
@@ -381,53 +434,31 @@ def plot(rows, path):
     fig.savefig(path, dpi=110)
 
 
-def plot_somehow(jsonl, png):
-    """Plots with this python's matplotlib, or with the system python's (Debian's
-    python3-matplotlib serves /usr/bin/python3, which may not be the python3 on PATH)."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        system = "/usr/bin/python3"
-        if (os.path.realpath(sys.executable) == os.path.realpath(system)
-                or not os.path.exists(system)
-                or subprocess.run([system, "-c", "import matplotlib"],
-                                  capture_output=True).returncode != 0):
-            print("recovery: no matplotlib (apt-get install python3-matplotlib); no plot",
-                  file=sys.stderr)
-            return False
-        res = subprocess.run([system, __file__, "--plot", str(jsonl), str(png)])
-        return res.returncode == 0
-    plot(load(jsonl)[1], png)
-    return True
-
-
-def load(paths):
-    metas, rows = [], []
-    for path in [paths] if isinstance(paths, (str, Path)) else paths:
-        for line in Path(path).read_text().splitlines():
-            obj = json.loads(line)
-            (metas if "meta" in obj else rows).append(obj.get("meta", obj))
-    return metas, rows
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--drivers", default=",".join(DRIVERS))
     p.add_argument("--kills", type=int, default=30)
     p.add_argument("--files", type=int, default=3000, help="files in the workload's tree")
+    p.add_argument("--remounts", type=int, default=100,
+                   help="plain unmount + remount cycles of the driver mounted directly (the "
+                        "reference point; 0: none)")
+    p.add_argument("--settle", type=float, default=0.2,
+                   help="seconds of undisturbed workload between a recovery and the next kill")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--keep-logs", metavar="DIR", help="copy rebound's log of each driver to DIR")
     p.add_argument("--report", nargs="+", metavar="JSONL",
                    help="only render the table (and plot) of earlier runs' result files")
-    p.add_argument("--plot", nargs=2, metavar=("JSONL", "PNG"), help=argparse.SUPPRESS)
+    p.add_argument("--plot", nargs="+", metavar=("PNG", "JSONL"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.plot:
-        plot(load(args.plot[0])[1], args.plot[1])
+        plot(load(args.plot[1:])[1], args.plot[0])
         return
     out = Path(args.out)
     if args.report:
         metas, rows = load(args.report)
-        print(render(metas, rows, "bench/recovery.py --report " + " ".join(args.report)))
+        out.mkdir(parents=True, exist_ok=True)
+        write_report(metas, rows, "bench/recovery.py --report " + " ".join(args.report), out,
+                     args.report)
         return
     args.drivers = args.drivers.split(",")
     unknown = [d for d in args.drivers if d not in DRIVERS]
@@ -441,9 +472,10 @@ def main():
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    meta = {"started": started, "commit": commit, "machine": platform.machine(),
-            "kernel": platform.release(), "cpus": os.cpu_count(), "kills": args.kills,
-            "files": args.files, "command": " ".join(["bench/recovery.py"] + sys.argv[1:])}
+    meta = {"started": started, "commit": commit, **machine_meta(), "kills": args.kills,
+            "files": args.files, "remounts": args.remounts, "settle_s": args.settle,
+            "rebound": str(mounts.rebound_bin()),
+            "command": " ".join(["bench/recovery.py"] + sys.argv[1:])}
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"recovery-{started.replace(':', '')}.jsonl"
     rows = []
@@ -454,21 +486,31 @@ def main():
             for driver in args.drivers:
                 print(f"recovery: {driver}: {args.kills} kills ...", file=sys.stderr, flush=True)
                 row = measure(driver, args, sshd)
+                print(f"recovery: {driver}: {args.remounts} plain remounts ...", file=sys.stderr,
+                      flush=True)
+                row.update(remount_reference(driver, args, sshd))
                 rows.append(row)
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
-                summary = {k: v for k, v in row.items() if k not in ("recovery_ms", "stall_ms")}
+                summary = {k: v for k, v in row.items()
+                           if k not in ("recovery_ms", "stall_ms", "remount_ms")}
                 print(json.dumps(summary), flush=True)
     finally:
         if sshd is not None:
             sshd.stop()
         mounts.remove_workdir(run_dir)
+    write_report([meta], rows, meta["command"], out, [path])
+    print(f"results: {path}, {out / 'recovery-latest.md'}, {out / 'recovery-latest.png'}")
+
+
+def write_report(metas, rows, command, out, jsonl):
+    """recovery-latest.md and recovery-latest.png (given matplotlib) into out; prints the
+    Markdown."""
     png = out / "recovery-latest.png"
-    plotted = plot_somehow(path, png)
-    md = render([meta], rows, meta["command"], png.name if plotted else None)
+    plotted = plot_with_matplotlib(plot, __file__, jsonl, png)
+    md = render(metas, rows, command, png.name if plotted else None)
     (out / "recovery-latest.md").write_text(md)
     print(md)
-    print(f"results: {path}, {out / 'recovery-latest.md'}" + (f", {png}" if plotted else ""))
 
 
 if __name__ == "__main__":

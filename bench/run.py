@@ -1,135 +1,206 @@
 #!/usr/bin/env python3
 """The side-by-side benchmark: each workload on three targets in one run, interleaved.
 
-Owns: mounting the targets (the kernel's own file system, the driver mounted directly, the
-driver under rebound), running the workloads on them in rotation, and writing the results as
-JSON plus a Markdown table of medians and ratios (rebound/direct, direct/kernel).
+Owns: the three targets of one driver's data (the kernel's own file system: the backing
+directory bind-mounted or the ext4 image loop-mounted; the driver mounted directly; the driver
+under rebound), the workloads, running them on the targets in rotation, and the results: JSON
+lines per run, a Markdown table of medians, spreads and ratios (rebound/direct, direct/kernel)
+with rebound's CPU time per request, and a PNG chart of the rebound/direct ratios. Also the
+helpers the recovery benchmark shares (the rebound binary, its status).
 
-    bench/run.py [--drivers passthrough_ll,fuse2fs] [--reps 3] [--quick] [--out bench/results]
+    bench/run.py [--drivers passthrough_ll,fuse2fs,sshfs] [--reps 3] [--quick] [--out DIR]
+    bench/run.py --report bench/results/RUN.jsonl...   (table and chart again, no run)
 
-Absolute numbers on a shared 2-core machine mean little; the ratios of targets measured in
-the same run, interleaved repetition by repetition, are what the table is for.
+Every target is mounted afresh for every measurement (cold caches on the FUSE side), and the
+order of the targets rotates each repetition so that none is always first. Absolute numbers on
+a shared 2-core machine mean little; the ratios of targets measured in the same run are what
+the table is for, and the min-max of the per-repetition ratios says how much to trust them.
+
+Mounting and the drivers' command lines (and sshfs's private sshd on 127.0.0.1) come from
+tests/e2e/mounts.py.
 """
 
 import argparse
 import hashlib
 import json
+import mmap
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-REBOUND = REPO / "target" / "release" / "rebound"
-PASSTHROUGH_LL = REPO / "tests" / ".build" / "bin" / "passthrough_ll"
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent / "tests" / "e2e"))
+import mounts  # noqa: E402  (tests/e2e/mounts.py)
+
+REPO = mounts.REPO
+REBOUND = mounts.rebound_bin()
+LUA_SRC = REPO / "tests" / ".build" / "lua-src"  # tests/setup.sh unpacks it
+DRIVERS = ("passthrough_ll", "fuse2fs", "sshfs")
 TARGETS = ("kernel", "direct", "rebound")
+GOAL = 0.95  # rebound/direct, issue 5
+CHART_TOP = 1.5  # the chart's y range ends here; a larger ratio is written on its bar
 
 
 def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    """Polls cond() until it is true; raises after timeout seconds."""
+    if not mounts.wait_for(cond, timeout):
+        raise RuntimeError(f"timed out waiting for {what}")
 
 
-def is_mounted(path):
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == str(path) for line in f)
+def rebound_status(mnt):
+    """The `rebound status --json` entry of the mount at mnt, or None. Lists the mounts of
+    REBOUND_RUN_DIR's control sockets, so each benchmark sets its own."""
+    out = subprocess.run([str(REBOUND), "status", "--json"], capture_output=True, text=True,
+                         timeout=10)
+    try:
+        return next((s for s in json.loads(out.stdout) if s["mountpoint"] == str(mnt)), None)
+    except ValueError:
+        return None
 
 
 class Target:
-    """One of the three ways to reach the same data; `start` mounts it, `stop` unmounts."""
+    """One of the three ways to reach the same data; `start` mounts it, `stop` unmounts.
+    All three use the same directory, so the paths the workloads see are the same too."""
 
-    def __init__(self, driver, kind, work):
-        self.driver, self.kind, self.work = driver, kind, work
-        self.mnt = work / f"mnt-{kind}"
-        self.mnt.mkdir(exist_ok=True)
-        self.proc = None
-
-    def driver_argv(self):
-        if self.driver == "passthrough_ll":
-            return [str(PASSTHROUGH_LL), "-f", "-o", f"source={self.work / 'backing'}",
-                    str(self.mnt)]
-        return ["fuse2fs", "-f", str(self.work / "disk.img"), str(self.mnt), "-o", "fakeroot"]
+    def __init__(self, driver, kind, work, sshd):
+        self.driver, self.kind, self.work, self.sshd = driver, kind, work, sshd
+        self.mnt = work / "mnt"
+        self.mount = None  # a mounts.Mount for the direct and rebound targets
 
     def start(self):
-        if self.driver == "fuse2fs":
+        image = mounts.DRIVERS[self.driver][1] == "image"
+        if image:
             # fuse2fs 1.47 leaks blocks under random writes even mounted directly (e2fsck:
             # "block bitmap differences"), and the kernel refuses an image with errors; repair
             # between targets, outside the timed part.
             subprocess.run(["e2fsck", "-fy", str(self.work / "disk.img")], capture_output=True)
         if self.kind == "kernel":
-            if self.driver == "passthrough_ll":
-                subprocess.run(["mount", "--bind", str(self.work / "backing"), str(self.mnt)],
-                               check=True)
-            else:
-                subprocess.run(["mount", "-o", "loop", str(self.work / "disk.img"),
-                                str(self.mnt)], check=True)
+            how = (["-o", "loop", str(self.work / "disk.img")] if image
+                   else ["--bind", str(self.work / "src")])
+            subprocess.run(["mount", *how, str(self.mnt)], check=True)
             return
-        argv = self.driver_argv()
-        if self.kind == "rebound":
-            argv = [str(REBOUND), "run", "--"] + argv
-        log = open(self.work / f"{self.kind}.log", "wb")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                     start_new_session=True)
+        self.mount = mounts.Mount(self.driver, self.kind, self.work, sshd=self.sshd,
+                                  watchdog=300.0)  # a hung workload fails, not the run
+        try:
+            self.mount.start()
+        except BaseException:
+            self.abandon()
+            raise
 
-        def mounted():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.driver} ({self.kind}) exited before mounting:\n"
-                                   + (self.work / f"{self.kind}.log").read_text(errors="replace"))
-            return is_mounted(self.mnt)
-        wait_for(mounted, 20, f"{self.driver} {self.kind} mount")
+    def abandon(self):
+        """Whatever state the mount is in: no mount and no process of it left."""
+        m, self.mount = self.mount, None
+        conn = mounts.fuse_connection(self.mnt)
+        if conn is not None:
+            mounts.abort_connection(conn)
+        mounts.umount(self.mnt)
+        if m is not None:
+            running = [m.proc.pid] if m.proc is not None and m.proc.poll() is None else []
+            mounts.kill_all(running + list(m.leftover_processes()))
 
     def stop(self):
-        subprocess.run(["umount", str(self.mnt)], check=False, capture_output=True)
-        if self.proc is not None:
-            try:
-                # fuse2fs flushes its image after the unmount; give it the time it needs.
-                self.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.proc.send_signal(signal.SIGKILL)
-                self.proc.wait()
-            self.proc = None
-        wait_for(lambda: not is_mounted(self.mnt), 20, f"{self.mnt} unmounted")
-        if self.kind == "kernel" and self.driver == "fuse2fs":
-            # The loop device lets go of the image asynchronously; fuse2fs refuses an image
-            # that is still attached.
-            img = str(self.work / "disk.img")
-            wait_for(lambda: not subprocess.run(["losetup", "-j", img], capture_output=True,
-                                                text=True).stdout.strip(), 20, "loop detach")
+        """Unmounts; an error (rebound exiting with a failure) is raised after cleaning up."""
+        if self.kind == "kernel":
+            subprocess.run(["umount", str(self.mnt)], check=True)
+            if self.driver == "fuse2fs":
+                # The loop device lets go of the image asynchronously; fuse2fs refuses an image
+                # that is still attached.
+                img = str(self.work / "disk.img")
+                wait_for(lambda: not subprocess.run(["losetup", "-j", img], capture_output=True,
+                                                    text=True).stdout.strip(), 20, "loop detach")
+            return
+        m = self.mount
+        try:
+            rc = m.stop()
+        finally:
+            self.abandon()  # what stop() left, if anything
+        if rc not in (0, None):
+            raise RuntimeError(f"{m.describe()} exited with {rc}: {m.stderr()[-500:]}")
 
-    def rebound_cpu_seconds(self):
-        """CPU time rebound itself has used (for the rebound target)."""
-        if self.kind != "rebound" or self.proc is None:
+    def warm_backing_store(self):
+        """Reads the backing store (the image, or the files of the directory) into the host's
+        page cache, so that every target starts a read workload from the same state."""
+        if mounts.DRIVERS[self.driver][1] == "image":
+            paths = [self.work / "disk.img"]
+        else:
+            paths = [p for p in (self.work / "src").rglob("*") if p.is_file()]
+        for path in paths:
+            with open(path, "rb", buffering=0) as f:
+                while f.read(1 << 20):
+                    pass
+
+    def counters(self):
+        """(CPU seconds rebound has used, requests it has forwarded) for the rebound target."""
+        if self.kind != "rebound":
             return None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        fields = Path(f"/proc/{self.mount.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        st = rebound_status(self.mnt)
+        return cpu, (st or {}).get("requests")
 
 
-# --- workloads: each returns {metric: value}; higher is better unless the name says _us ---
+# --- workloads: each returns {metric: value}; higher is better unless the name says _us or is
+# "s"; a value that is a string is a note on how it was measured (the fio engine) ---
 
-def fio(mnt, name, rw, bs, size, runtime, jobs=1, extra=()):
+def fio(mnt, name, rw, bs, size, runtime, jobs=1, engine="psync", iodepth=1, direct=False,
+        invalidate=True):
+    """MiB/s of one fio job (or group of jobs). A write job writes its files anew and removes
+    them; a read job's files stay in the backing store, laid out by the first target that
+    reads them, so that the others (which share the backing store) do not lay them out again.
+    A FUSE target's own page cache of them is empty (a fresh mount; --invalidate besides); the
+    backing store's is warm (Target.warm_backing_store), which for the kernel target is its
+    own, so it reads from the page cache."""
+    writes = "write" in rw
     out = subprocess.run(
         ["fio", "--name", name, "--directory", str(mnt), "--rw", rw, "--bs", bs,
          "--size", size, "--runtime", str(runtime), "--time_based", "--numjobs", str(jobs),
-         "--group_reporting", "--ioengine", "psync", "--output-format", "json", "--unlink=1",
-         "--end_fsync=1" if "write" in rw else "--invalidate=1", *extra],
+         "--group_reporting", "--ioengine", engine, "--iodepth", str(iodepth),
+         f"--direct={int(direct)}", "--output-format", "json", f"--unlink={int(writes)}",
+         "--end_fsync=1" if writes else f"--invalidate={int(invalidate)}"],
         check=True, capture_output=True, text=True).stdout
-    job = json.loads(out)["jobs"][0]
+    job = json.loads(out[out.index("{"):])["jobs"][0]
     side = job["write"] if "write" in rw else job["read"]
     return side["bw_bytes"] / (1 << 20)
 
 
+def supports_o_direct(mnt):
+    """Whether files on mnt can be written with O_DIRECT (an aligned 4 KiB write)."""
+    probe = Path(mnt) / ".o_direct_probe"
+    buf = mmap.mmap(-1, 4096)  # page-aligned
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o644)
+        try:
+            os.write(fd, buf)
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def fio_qd16(mnt, q, name, rw):
+    """Queue depth 16: libaio with O_DIRECT where the driver mounted directly takes O_DIRECT,
+    else 16 psync jobs (16 requests in flight either way); the same on all three targets."""
+    if q["o_direct"]:
+        return {"MiB/s": fio(mnt, name, rw, "4k", q["size"], q["runtime"], engine="libaio",
+                             iodepth=16, direct=True, invalidate=q["invalidate"]),
+                "engine": "libaio, iodepth 16, O_DIRECT"}
+    return {"MiB/s": fio(mnt, name, rw, "4k", q["small_size"], q["runtime"], jobs=16,
+                         invalidate=q["invalidate"]),
+            "engine": "psync, 16 jobs, buffered"}
+
+
 def w_seq_read(mnt, q):
-    return {"MiB/s": fio(mnt, "seqread", "read", "1M", q["size"], q["runtime"])}
+    return {"MiB/s": fio(mnt, "readfile", "read", "1M", q["size"], q["runtime"],
+                         invalidate=q["invalidate"])}
 
 
 def w_seq_write(mnt, q):
@@ -137,16 +208,20 @@ def w_seq_write(mnt, q):
 
 
 def w_rand_read_4k(mnt, q):
-    return {"MiB/s": fio(mnt, "randread", "randread", "4k", q["size"], q["runtime"])}
+    return {"MiB/s": fio(mnt, "readfile", "randread", "4k", q["size"], q["runtime"],
+                         invalidate=q["invalidate"])}
 
 
 def w_rand_write_4k(mnt, q):
     return {"MiB/s": fio(mnt, "randwrite", "randwrite", "4k", q["size"], q["runtime"])}
 
 
-def w_rand_read_4k_16jobs(mnt, q):
-    return {"MiB/s": fio(mnt, "randread16", "randread", "4k", q["small_size"], q["runtime"],
-                         jobs=16)}
+def w_rand_read_4k_qd16(mnt, q):
+    return fio_qd16(mnt, q, "readfile", "randread")
+
+
+def w_rand_write_4k_qd16(mnt, q):
+    return fio_qd16(mnt, q, "randwrite16", "randwrite")
 
 
 def w_metadata(mnt, q):
@@ -173,7 +248,7 @@ def w_untar_checksum(mnt, q):
     """Unpack a tree of real files and checksum every one: seconds (lower is better)."""
     dest = Path(mnt) / "tree"
     start = time.perf_counter()
-    with tarfile.open(q["tarball"]) as tar:
+    with tarfile.open(q["tree_tar"]) as tar:
         tar.extractall(dest)
     digest = hashlib.sha256()
     for path in sorted(dest.rglob("*")):
@@ -184,10 +259,38 @@ def w_untar_checksum(mnt, q):
     return {"s": elapsed}
 
 
+# The compile: every Lua version's library, one object per .c file, `make -j<cpus>`.
+LUA_MAKEFILE = """\
+CFLAGS = -O0 -w -DLUA_USE_POSIX
+VERSIONS = $(wildcard lua-5.*)
+all: $(VERSIONS:%=%/liblua.a)
+define lib
+$(1)/liblua.a: $(patsubst %.c,%.o,$(wildcard $(1)/*.c))
+\tar rcs $$@ $$^
+endef
+$(foreach v,$(VERSIONS),$(eval $(call lib,$(v))))
+"""
+
+
+def w_compile(mnt, q):
+    """Nooks' compile-local: unpack a C code base on the mount (not timed), build it there
+    (timed: seconds, lower is better). gcc's temporary files stay in /tmp; sources, headers,
+    objects and archives are on the mount."""
+    dest = Path(mnt) / "build"
+    with tarfile.open(q["c_tar"]) as tar:
+        tar.extractall(dest)
+    start = time.perf_counter()
+    subprocess.run(["make", "-s", f"-j{os.cpu_count()}", "-C", str(dest)] + q["make_args"],
+                   check=True, capture_output=True)
+    elapsed = time.perf_counter() - start
+    shutil.rmtree(dest)
+    return {"s": elapsed}
+
+
 def w_latency(mnt, q):
-    """Latency of a single stat and of a single 4 KiB read (uncached: O_DIRECT is not used,
-    so the read path is the page cache after the first; stat goes to the driver when the
-    attribute cache has expired, which FUSE defaults keep short)."""
+    """Latency of a single stat and of a single 4 KiB read whose page was dropped from the
+    cache first (median, p99). The stat is answered by the driver when the attribute cache has
+    expired, which FUSE defaults keep short."""
     f = Path(mnt) / "lat"
     f.write_bytes(os.urandom(1 << 20))
     stats, reads = [], []
@@ -214,150 +317,391 @@ WORKLOADS = {
     "seq_write_1M": w_seq_write,
     "rand_read_4k": w_rand_read_4k,
     "rand_write_4k": w_rand_write_4k,
-    "rand_read_4k_16jobs": w_rand_read_4k_16jobs,
+    "rand_read_4k_qd16": w_rand_read_4k_qd16,
+    "rand_write_4k_qd16": w_rand_write_4k_qd16,
     "metadata": w_metadata,
     "untar_checksum": w_untar_checksum,
+    "compile": w_compile,
     "latency": w_latency,
 }
+READS = ("seq_read_1M", "rand_read_4k", "rand_read_4k_qd16")  # read files fio laid out before
+ROW_KEYS = ("driver", "workload", "target", "rep", "loadavg", "wall_s", "rebound_cpu_s",
+            "rebound_requests", "error")
 
 
 def lower_is_better(metric):
     return metric == "s" or metric.endswith("_us")
 
 
-def prepare(driver, work, q):
-    if driver == "passthrough_ll":
-        (work / "backing").mkdir()
-    else:
-        subprocess.run(["truncate", "-s", q["image"], str(work / "disk.img")], check=True)
-        subprocess.run(["mkfs.ext4", "-q", "-F", str(work / "disk.img")], check=True)
-
-
-def run(args, sink):
-    q = {"size": "256M", "small_size": "16M", "runtime": 5, "files": 5000, "lat_samples": 2000,
-         "image": "2G"}
-    if args.quick:
-        q.update(size="64M", small_size="4M", runtime=2, files=1000, lat_samples=300)
-    work_root = Path(tempfile.mkdtemp(prefix="rebound-bench-", dir="/tmp"))
-    q["tarball"] = str(work_root / "tree.tar")
-    with tarfile.open(q["tarball"], "w") as tar:
+def inputs(work_root, quick):
+    """Sizes, and the tarballs the untar and compile workloads unpack (built once per run)."""
+    q = {"size": "256M", "small_size": "16M", "runtime": 3, "files": 5000, "lat_samples": 2000,
+         "image": 2 << 30, "make_args": []}
+    if quick:
+        q.update(size="64M", small_size="4M", runtime=2, files=1000, lat_samples=300,
+                 make_args=["VERSIONS=lua-5.4.7"])
+    q["tree_tar"] = str(work_root / "tree.tar")
+    with tarfile.open(q["tree_tar"], "w") as tar:
         tar.add("/usr/include/linux", arcname="linux")
+    q["c_tar"] = str(work_root / "lua.tar")
+    if LUA_SRC.is_dir():
+        (work_root / "Makefile").write_text(LUA_MAKEFILE)
+        with tarfile.open(q["c_tar"], "w") as tar:
+            tar.add(work_root / "Makefile", arcname="Makefile")
+            for version in sorted(LUA_SRC.glob("lua-5.*")):
+                tar.add(version, arcname=version.name)
+    return q
+
+
+def run(args, meta, sink):
+    work_root = mounts.new_workdir("bench")
+    # Our own control-socket directory: `rebound status` lists only this run's mounts.
+    os.environ["REBOUND_RUN_DIR"] = str(mounts.new_workdir("bench-run"))
+    q = inputs(work_root, args.quick)
+    meta["sizes"] = {k: v for k, v in q.items() if not k.endswith("_tar")}
+    sink.write(json.dumps({"meta": meta}) + "\n")
     results = []
+    sshd = mounts.start_sshd() if "sshfs" in args.drivers else None
     try:
         for driver in args.drivers:
             work = work_root / driver
             work.mkdir()
-            prepare(driver, work, q)
-            targets = {kind: Target(driver, kind, work) for kind in TARGETS}
+            mounts.Mount(driver, "direct", work).prepare(q["image"])  # mnt/, src/ or the image
+            targets = {kind: Target(driver, kind, work, sshd) for kind in TARGETS}
+            targets["direct"].start()
+            try:
+                q["o_direct"] = supports_o_direct(targets["direct"].mnt)
+            finally:
+                targets["direct"].stop()
             for name in args.workloads:
+                if name == "compile" and not LUA_SRC.is_dir():
+                    print(f"bench: no {LUA_SRC} (tests/setup.sh): compile skipped",
+                          file=sys.stderr)
+                    continue
                 for rep in range(args.reps):
-                    # Rotate the order so no target always runs first (or last).
                     order = TARGETS[rep % 3:] + TARGETS[:rep % 3]
                     for kind in order:
-                        t = targets[kind]
-                        row = {"driver": driver, "workload": name, "target": kind, "rep": rep}
-                        t.start()
-                        try:
-                            cpu0 = t.rebound_cpu_seconds()
-                            row.update(WORKLOADS[name](t.mnt, q))
-                            if cpu0 is not None:
-                                row["rebound_cpu_s"] = t.rebound_cpu_seconds() - cpu0
-                        except (subprocess.CalledProcessError, OSError) as e:
-                            # Recorded, not fatal: the table shows the gap.
-                            row["error"] = str(e)[:300]
-                        finally:
-                            t.stop()
+                        row = measure(targets[kind], name, rep, q)
                         results.append(row)
                         line = json.dumps(row)
                         print(line, flush=True)
                         sink.write(line + "\n")
                         sink.flush()
     finally:
-        for m in work_root.rglob("mnt-*"):
-            subprocess.run(["umount", "-l", str(m)], capture_output=True)
-        shutil.rmtree(work_root, ignore_errors=True)
-    return q, results
+        if sshd is not None:
+            sshd.stop()
+        for path in (work_root, Path(os.environ["REBOUND_RUN_DIR"])):
+            mounts.remove_workdir(path)
+    return results
+
+
+def measure(t, name, rep, q):
+    """One workload on one target, mounted for it alone."""
+    row = {"driver": t.driver, "workload": name, "target": t.kind, "rep": rep,
+           "loadavg": os.getloadavg()[0]}
+    begun = time.monotonic()
+    if name in READS:
+        t.warm_backing_store()
+    q = dict(q, invalidate=t.kind != "kernel")
+    try:
+        t.start()
+        try:
+            before = t.counters()
+            row.update(WORKLOADS[name](t.mnt, q))
+            if before is not None:
+                after = t.counters()
+                row["rebound_cpu_s"] = after[0] - before[0]
+                if None not in (before[1], after[1]):
+                    row["rebound_requests"] = after[1] - before[1]
+        finally:
+            t.stop()
+    except (subprocess.CalledProcessError, OSError, RuntimeError) as e:
+        # Recorded, not fatal: the table shows the gap.
+        detail = getattr(e, "stderr", None)
+        row["error"] = (f"{type(e).__name__}: {e}" + (f": {detail[-300:]}" if detail else ""))[:600]
+    row["wall_s"] = time.monotonic() - begun  # with mounting and unmounting
+    return row
+
+
+# --- the report --------------------------------------------------------------------------
+
+def fmt(x):
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
+
+
+def spread(xs, form=fmt):
+    return f"{form(min(xs))}–{form(max(xs))}" if len(xs) > 1 else ""
+
+
+def summarize(results):
+    """Per (driver, workload, metric): medians, spreads, ratios and rebound's CPU per request,
+    in the order of DRIVERS and WORKLOADS."""
+    ok = [r for r in results if "error" not in r]
+    def order(names, known):
+        return known.index(names) if names in known else len(known)
+    keys = sorted({(r["driver"], r["workload"]) for r in ok},
+                  key=lambda k: (order(k[0], DRIVERS), order(k[1], list(WORKLOADS)), k))
+    out = []
+    for driver, workload in keys:
+        rows = [r for r in ok if r["driver"] == driver and r["workload"] == workload]
+        by = {t: [r for r in rows if r["target"] == t] for t in TARGETS}
+        if not all(by.values()):
+            continue
+        metrics = [k for k in rows[0] if k not in ROW_KEYS and not isinstance(rows[0][k], str)]
+        notes = sorted({f"{r['target']}: {r[k]}" for r in rows for k in r
+                        if k not in ROW_KEYS and isinstance(r[k], str)})
+        cpu = [r["rebound_cpu_s"] / r["rebound_requests"] * 1e6 for r in by["rebound"]
+               if r.get("rebound_requests")]
+        for metric in metrics:
+            vals = {t: [r[metric] for r in by[t]] for t in TARGETS}
+            med = {t: statistics.median(v) for t, v in vals.items()}
+
+            def ratio(a, b):  # "how much of b's performance a reaches": > 1 is faster
+                return b / a if lower_is_better(metric) else a / b
+            direct = {r["rep"]: r[metric] for r in by["direct"]}
+            paired = [ratio(r[metric], direct[r["rep"]]) for r in by["rebound"]
+                      if r["rep"] in direct]
+            out.append({"driver": driver, "workload": workload, "metric": metric,
+                        "n": min(len(v) for v in vals.values()), "median": med, "values": vals,
+                        "rebound/direct": ratio(med["rebound"], med["direct"]),
+                        "paired": paired,
+                        "direct/kernel": ratio(med["direct"], med["kernel"]),
+                        "cpu_us_per_request": statistics.median(cpu) if cpu else None,
+                        "requests": statistics.median(r["rebound_requests"]
+                                                      for r in by["rebound"]
+                                                      if r.get("rebound_requests")) if cpu
+                        else None,
+                        "notes": notes})
+    return out
 
 
 def table(results):
-    """Markdown: per driver and workload metric, the median of each target and the ratios."""
-    lines = ["| driver | workload | metric | kernel | direct | rebound | rebound/direct | "
-             "direct/kernel |", "|---|---|---|---|---|---|---|---|"]
-    failed = [r for r in results if "error" in r]
-    results = [r for r in results if "error" not in r]
-    keys = sorted({(r["driver"], r["workload"]) for r in results},
-                  key=lambda k: (k[0], list(WORKLOADS).index(k[1])))
-    for driver, workload in keys:
-        rows = [r for r in results if r["driver"] == driver and r["workload"] == workload]
-        metrics = [m for m in rows[0] if m not in ("driver", "workload", "target", "rep",
-                                                   "rebound_cpu_s")]
-        for metric in metrics:
-            if any(not [r for r in rows if r["target"] == t] for t in TARGETS):
+    lines = ["| driver | workload | metric | n | kernel | direct | rebound | **rebound/direct** "
+             "(per-rep min–max) | direct/kernel | rebound CPU µs/request (requests) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for s in summarize(results):
+        cells = [f"{fmt(s['median'][t])} ({spread(s['values'][t])})" if s["n"] > 1
+                 else fmt(s["median"][t]) for t in TARGETS]
+        rd = s["rebound/direct"]
+        mark = "" if rd >= GOAL else " ✗"
+        cpu = (f"{s['cpu_us_per_request']:.1f} ({s['requests']:.0f})"
+               if s["cpu_us_per_request"] is not None else "–")
+        lines.append(f"| {s['driver']} | {s['workload']} | {s['metric']} | {s['n']} | "
+                     + " | ".join(cells)
+                     + f" | **{rd:.2f}**{mark}"
+                     + (f" ({spread(s['paired'], lambda x: f'{x:.2f}')})" if s["n"] > 1 else "")
+                     + " | "
+                       f"{s['direct/kernel']:.2f} | {cpu} |")
+        if s["notes"] and s["metric"] == "MiB/s":
+            how = sorted({n.split(": ", 1)[1] for n in s["notes"]})
+            notes.append(f"- {s['driver']} {s['workload']}: "
+                         + (f"{how[0]} (all targets)" if len(how) == 1
+                            else "; ".join(s["notes"])))
+    for r in results:
+        if "error" in r:
+            notes.append(f"- **failed**: {r['driver']} {r['workload']} on {r['target']} "
+                         f"(rep {r['rep']}): `{r['error']}`")
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def ratio_table(results):
+    """Markdown: rebound/direct per workload metric (rows) and driver (columns), with the
+    per-repetition min–max; the summary the README quotes."""
+    summary = summarize(results)
+    drivers = list(dict.fromkeys(s["driver"] for s in summary))
+    rows = list(dict.fromkeys((s["workload"], s["metric"]) for s in summary))
+    cell = {(s["driver"], s["workload"], s["metric"]): s for s in summary}
+    lines = ["| workload | metric | " + " | ".join(drivers) + " |",
+             "|---|---|" + "---|" * len(drivers)]
+    for workload, metric in rows:
+        cells = []
+        for d in drivers:
+            s = cell.get((d, workload, metric))
+            if s is None:
+                cells.append("–")
                 continue
-            med = {t: statistics.median(r[metric] for r in rows if r["target"] == t)
-                   for t in TARGETS}
-            # Ratios read as "how much of the other's performance": >1 is faster.
-            if lower_is_better(metric):
-                rd, dk = med["direct"] / med["rebound"], med["kernel"] / med["direct"]
-            else:
-                rd, dk = med["rebound"] / med["direct"], med["direct"] / med["kernel"]
-            lines.append(f"| {driver} | {workload} | {metric} | {med['kernel']:.1f} | "
-                         f"{med['direct']:.1f} | {med['rebound']:.1f} | **{rd:.2f}** | "
-                         f"{dk:.2f} |")
-    for r in failed:
-        lines.append(f"\nFailed: {r['driver']} {r['workload']} on {r['target']} "
-                     f"(rep {r['rep']}): {r['error']}")
+            rd = s["rebound/direct"]
+            cells.append(f"**{rd:.2f}**" + (" ✗" if rd < GOAL else "")
+                         + (f" ({spread(s['paired'], lambda x: f'{x:.2f}')})"
+                            if s["n"] > 1 else ""))
+        lines.append(f"| {workload} | {metric} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def chart(results, path):
+    """Bars of rebound/direct per workload metric and driver (ratio of medians; whiskers: the
+    per-repetition min–max), with the goal line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    summary = summarize(results)
+    labels = list(dict.fromkeys(f"{s['workload']}" + ("" if s["metric"] in ("MiB/s", "ops/s",
+                                                                            "s")
+                                                      else f" {s['metric']}")
+                                for s in summary))
+    drivers = list(dict.fromkeys(s["driver"] for s in summary))
+    width = 0.8 / max(1, len(drivers))
+    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(labels) + 2), 5))
+    for k, driver in enumerate(drivers):
+        xs, ys, lo, hi = [], [], [], []
+        for s in summary:
+            if s["driver"] != driver:
+                continue
+            label = s["workload"] + ("" if s["metric"] in ("MiB/s", "ops/s", "s")
+                                     else f" {s['metric']}")
+            x = labels.index(label) + (k - (len(drivers) - 1) / 2) * width
+            y = s["rebound/direct"]
+            xs.append(x)
+            ys.append(y)
+            lo.append(max(0.0, y - min(s["paired"] or [y])))
+            hi.append(max(0.0, max(s["paired"] or [y]) - y))
+        ax.bar(xs, [min(y, CHART_TOP) for y in ys], width, label=driver,
+               yerr=[[v if y <= CHART_TOP else 0 for y, v in zip(ys, lo)],
+                     [v if y + v <= CHART_TOP else 0 for y, v in zip(ys, hi)]],
+               capsize=2, error_kw={"elinewidth": 0.8})
+        for x, y in zip(xs, ys):
+            if y > CHART_TOP:  # off the scale: the bar is cut, its value written on it
+                ax.text(x, CHART_TOP * 0.98, f"{y:.1f}", ha="center", va="top", fontsize=7,
+                        rotation=90, color="white")
+    ax.axhline(GOAL, color="red", linestyle="--", linewidth=1, label=f"goal {GOAL}")
+    ax.axhline(1.0, color="grey", linewidth=0.6)
+    ax.set_ylim(0, CHART_TOP)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=40, ha="right", fontsize=8)
+    ax.set_ylabel("rebound / direct (higher is better)")
+    ax.set_title("rebound vs. the same driver mounted directly, same run")
+    ax.legend(fontsize=8, ncol=len(drivers) + 1, loc="upper center",
+              bbox_to_anchor=(0.5, -0.32), frameon=False)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def load(paths):
+    metas, rows = [], []
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            obj = json.loads(line)
+            (metas if "meta" in obj else rows).append(obj.get("meta", obj))
+    return metas, rows
+
+
+def render(metas, results, command, png=None):
+    runs = ", ".join(f"{m['started']} (commit {m['commit']}, `{m['command']}`)" for m in metas)
+    m = metas[0]
+    machine = m.get("cpu_model", m["machine"])
+    loads = [r["loadavg"] for r in results if "loadavg" in r]
+    text = (
+        f"# Benchmark\n\nRuns: {runs}. Machine: {machine}, {m['cpus']} CPUs"
+        + (f", {m['mem_gib']} GiB" if "mem_gib" in m else "")
+        + f", kernel {m['kernel']}"
+        + (f"; shared with other work (1-min load average at the measurements: median "
+           f"{statistics.median(loads):.1f}, max {max(loads):.1f})" if loads else "")
+        + ".\n\n"
+        f"Rendered by: `{command}`\n\n"
+        f"{m['reps']} repetitions per target, interleaved (the target order rotates each "
+        "repetition); each measurement on a fresh mount. Cells: median (min–max). "
+        "rebound/direct is the ratio of the medians, > 1 is faster (for seconds and µs, the "
+        "inverse), with the min–max of the ratios of the same repetition in parentheses; ✗ "
+        f"marks a ratio under the goal of {GOAL}. CPU µs/request: rebound's user+system time "
+        "during the workload divided by the requests it forwarded (median over repetitions; "
+        "the median request count in parentheses). Sync fio jobs use psync and the page cache; "
+        "*qd16* jobs use the engine named below the table.\n\n"
+        f"rebound/direct at a glance:\n\n{ratio_table(results)}\n\nAll numbers:\n\n"
+        f"{table(results)}\n")
+    if png:
+        text += f"\n![rebound/direct per workload and driver]({png})\n"
+    return text
+
+
+def plot_with_matplotlib(plot, script, jsonl, png):
+    """plot(rows of the jsonl files, png) with this python's matplotlib, or else with Debian's
+    (python3-matplotlib serves /usr/bin/python3, which may not be the python3 on PATH) by
+    running `/usr/bin/python3 SCRIPT --plot PNG JSONL...`. True when the chart was written."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        system = "/usr/bin/python3"
+        if (os.path.realpath(sys.executable) == os.path.realpath(system)
+                or not os.path.exists(system)
+                or subprocess.run([system, "-c", "import matplotlib"],
+                                  capture_output=True).returncode != 0):
+            print(f"{Path(script).name}: no matplotlib (scripts/deps.sh bench); no chart",
+                  file=sys.stderr)
+            return False
+        return subprocess.run([system, str(script), "--plot", str(png),
+                               *map(str, jsonl)]).returncode == 0
+    plot(load(jsonl)[1], png)
+    return True
+
+
+def report(metas, results, out, command, jsonl):
+    """Writes latest.md and latest.png (the chart, given matplotlib) into out; returns the
+    Markdown."""
+    png = out / "latest.png"
+    plotted = plot_with_matplotlib(chart, __file__, jsonl, png)
+    md = render(metas, results, command, png.name if plotted else None)
+    (out / "latest.md").write_text(md)
+    return md
+
+
+def machine_meta():
+    model = next((line.split(":", 1)[1].strip()
+                  for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.machine())
+    mem = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+               if line.startswith("MemTotal"))
+    fio_version = subprocess.run(["fio", "--version"], capture_output=True,
+                                 text=True).stdout.strip()
+    return {"machine": platform.machine(), "cpu_model": model, "cpus": os.cpu_count(),
+            "mem_gib": round(mem / (1 << 20)), "kernel": platform.release(), "fio": fio_version}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--drivers", default="passthrough_ll,fuse2fs")
+    p.add_argument("--drivers", default=",".join(DRIVERS))
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--report", nargs="+", metavar="JSONL",
-                   help="only render the table of earlier runs' result files")
+                   help="only render the table and chart of earlier runs' result files "
+                        "(into --out's latest.md and latest.png)")
+    p.add_argument("--plot", nargs="+", metavar=("PNG", "JSONL"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.plot:
+        chart(load(args.plot[1:])[1], args.plot[0])
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     if args.report:
-        rows, metas = [], []
-        for path in args.report:
-            for line in Path(path).read_text().splitlines():
-                obj = json.loads(line)
-                (metas if "meta" in obj else rows).append(obj.get("meta", obj))
-        print(render(metas, rows, f"bench/run.py --report {' '.join(args.report)}"))
+        metas, rows = load(args.report)
+        print(report(metas, rows, out, "bench/run.py --report " + " ".join(args.report),
+                     args.report))
         return
     args.drivers = args.drivers.split(",")
     args.workloads = args.workloads.split(",")
-    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    unknown = ([d for d in args.drivers if d not in DRIVERS]
+               + [w for w in args.workloads if w not in WORKLOADS])
     if unknown:
-        sys.exit(f"bench: unknown workload(s) {', '.join(unknown)}")
+        sys.exit(f"bench: unknown driver(s) or workload(s): {', '.join(unknown)}")
     if os.geteuid() != 0:
         sys.exit("bench: mounts file systems; run it as root")
+    if not os.access(REBOUND, os.X_OK):
+        sys.exit(f"bench: no rebound binary at {REBOUND} (cargo build --release, or REBOUND_BIN)")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    meta = {"started": started, "commit": commit, "machine": platform.machine(),
-            "kernel": platform.release(), "cpus": os.cpu_count(), "reps": args.reps,
-            "quick": args.quick, "command": "bench/run.py " + " ".join(sys.argv[1:])}
+    meta = {"started": started, "commit": commit, **machine_meta(), "reps": args.reps,
+            "quick": args.quick, "rebound": str(REBOUND),
+            "command": "bench/run.py " + " ".join(sys.argv[1:])}
     path = out / f"{started.replace(':', '')}.jsonl"
     with open(path, "w") as sink:
-        sink.write(json.dumps({"meta": meta}) + "\n")
-        _, results = run(args, sink)
-    md = render([meta], results, meta["command"])
-    (out / "latest.md").write_text(md)
-    print(md)
-
-
-def render(metas, results, command):
-    runs = ", ".join(f"{m['started']} (commit {m['commit']})" for m in metas)
-    m = metas[0]
-    return (f"# Benchmark\n\nRuns: {runs}; kernel {m['kernel']}, {m['cpus']} CPUs, "
-            f"{m['reps']} interleaved repetitions per target, medians.\n\n"
-            f"Command: `{command}`\n\n{table(results)}\n")
+        results = run(args, meta, sink)
+    print(report([meta], results, out, meta["command"], [path]))
+    print(f"results: {path}, {out / 'latest.md'}, {out / 'latest.png'}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:/usr/local/go/bin:$PATH"
-scripts/deps.sh
+scripts/deps.sh bench
 cargo build --quiet --release
 tests/setup.sh
 exec python3 bench/run.py "$@"

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Installs what rebound, its demo and its tests need on a fresh Debian/Ubuntu machine, as root.
+# Installs what rebound, its demo and its tests need on a fresh Debian/Ubuntu machine, as root
+# (`deps.sh bench`: and what the benchmarks need besides).
 # Idempotent: packages already present are not fetched again, and `apt-get update` runs only
 # when something is missing.
 set -euo pipefail
 
 packages=(fuse3 libfuse3-dev fuse2fs e2fsprogs sshfs openssh-server openssh-client attr fio
-          gcc pkg-config python3 python3-pytest golang-go)
+          gcc make pkg-config python3 python3-pytest golang-go)
+# `deps.sh bench`: also what the benchmarks plot with.
+if [ "${1:-}" = bench ]; then
+  packages+=(python3-matplotlib)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -3,6 +3,10 @@
 # mounts with, and builds the fixture drivers into tests/.build/bin/:
 #   passthrough_ll, passthrough_fh   libfuse 3's examples, from libfuse3-dev's docs
 #   gofuse-loopback                  tests/fixtures/gofuse-loopback (go-fuse, via fusermount3)
+# and unpacks the C code base the benchmark compiles (bench/run.py, workload `compile`):
+#   tests/.build/lua-src/            the Lua 5.1-5.4 sources of the `lua-src` crate, fetched with
+#                                    cargo from crates.io (Debian ships no C code base that builds
+#                                    without autotools)
 # Idempotent: apt-get runs only for missing packages, and builds are skipped when their output
 # is newer than every source. Run as root.
 set -euo pipefail
@@ -59,4 +63,23 @@ if ! up_to_date "$bin/gofuse-loopback" "$gofuse/main.go" "$gofuse/go.mod" "$gofu
   echo "setup: building gofuse-loopback" >&2
   (cd "$gofuse" && go build -buildvcs=false -o "$bin/gofuse-loopback.new" .)
   mv "$bin/gofuse-loopback.new" "$bin/gofuse-loopback"
+fi
+
+# The C code base of the benchmark's compile workload: the sources only (no Makefile; bench/run.py
+# writes its own), from the crate's archive in cargo's download cache.
+lua_crate=lua-src-547.0.0
+if [ ! -d "$tests/.build/lua-src" ]; then
+  echo "setup: fetching $lua_crate (C sources for the compile benchmark)" >&2
+  manifest="$tests/.build/lua-fetch"
+  mkdir -p "$manifest/src"
+  printf '[package]\nname = "lua-fetch"\nversion = "0.0.0"\nedition = "2021"\n\n[dependencies]\nlua-src = "=%s"\n\n[workspace]\n' \
+    "${lua_crate#lua-src-}" >"$manifest/Cargo.toml"
+  : >"$manifest/src/lib.rs"
+  cargo fetch --quiet --manifest-path "$manifest/Cargo.toml"
+  archive=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/"$lua_crate.crate" | head -n 1)
+  tmp=$(mktemp -d)
+  tar xzf "$archive" -C "$tmp"
+  mv "$tmp/$lua_crate" "$tests/.build/lua-src.new"
+  rm -rf "$tmp" "$manifest"
+  mv "$tests/.build/lua-src.new" "$tests/.build/lua-src"
 fi
