@@ -2,10 +2,12 @@
 //! supervisor (`run`) or the control socket's client (`status`, `restart`); nothing else lives
 //! here.
 
+mod cgroup;
 mod config;
 mod control;
 mod paths;
 mod proxy;
+mod sandbox;
 mod supervisor;
 
 use std::ffi::OsString;
