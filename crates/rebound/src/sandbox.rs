@@ -181,6 +181,8 @@ pub fn build(
     writable.sort();
     writable.dedup();
     let mut readable = settings.readable_paths.clone();
+    // The driver's executable, wherever it is installed.
+    readable.extend(executable(argv, &cwd));
     readable.retain(|p| known.is_none_or(|m| !p.starts_with(m)));
     readable.sort();
     readable.dedup();
@@ -410,6 +412,18 @@ fn command_line_paths(argv: &[OsString], cwd: &Path, mountpoint: Option<&Path>) 
         }
     }
     out
+}
+
+/// The file `argv[0]` names, found as `execvp` would (through `PATH` when it has no slash).
+fn executable(argv: &[OsString], cwd: &Path) -> Option<PathBuf> {
+    let program = Path::new(argv.first()?);
+    if program.as_os_str().as_bytes().contains(&b'/') {
+        return Some(normalize(&cwd.join(program)));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
 }
 
 /// Mount points of FUSE file systems in rebound's namespace.
