@@ -99,7 +99,9 @@ pub struct Limits {
     /// Tasks (processes and threads) of the driver's cgroup; 0: no limit. Reaching it means
     /// a restart.
     pub tasks: u64,
-    /// CPU time, in percent of one CPU; 0: no limit.
+    /// CPU time, in percent of one CPU; 0: no limit (the default: a cap would slow a driver
+    /// that serves in parallel on an otherwise idle machine; spinning is caught by
+    /// `idle_cpu_percent`).
     pub cpu_percent: u64,
     /// Open files per driver process (RLIMIT_NOFILE); 0: rebound's own limit. A process that
     /// holds 90% of the limit leaks descriptors: the driver is restarted.
@@ -132,7 +134,7 @@ impl Default for Limits {
         Limits {
             memory_mb: 1024,
             tasks: 512,
-            cpu_percent: 100,
+            cpu_percent: 0,
             open_files: 0,
             core_mb: 0,
             idle_cpu_percent: 50,
@@ -435,7 +437,7 @@ mod tests {
         );
         assert_eq!(config.limits.memory_mb, 64);
         assert_eq!(config.limits.tasks, 32);
-        assert_eq!(config.limits.cpu_percent, 100, "a default");
+        assert_eq!(config.limits.cpu_percent, 0, "a default: no cap");
         let config = Config::parse("").unwrap();
         assert_eq!(config.sandbox.profile, Profile::Default);
         assert!(config.sandbox.network());
