@@ -76,7 +76,7 @@ def test_default_profile_driver_works_confined(mount, driver, sshd, tree_tarball
                                 "touch /etc/rebound-sandbox-probe"], capture_output=True,
                                text=True, timeout=10)
         assert probe.returncode != 0 and "Read-only" in probe.stderr, probe
-        assert root.exists()
+        assert (root / "etc/shadow").read_bytes() == b"", "the host's secrets are hidden"
 
 
 def wait_for_file(path, timeout=20.0):
@@ -219,6 +219,7 @@ def test_strict_profile_shows_only_what_the_driver_needs(workdir):
         assert "root" not in seen and "home" not in seen and "var" not in seen, seen
         assert {"usr", "etc", "dev", "tmp", "proc"} <= seen, seen
         assert not (Path(f"/proc/{pid}/root") / secret.relative_to("/")).exists()
+        assert (Path(f"/proc/{pid}/root") / "etc/shadow").read_bytes() == b""
         assert set(os.listdir(f"/proc/{pid}/root/dev")) >= {"null", "fuse", "urandom"}
         # No network: a namespace of its own.
         assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")

@@ -299,6 +299,14 @@ pub fn build(
         }
         Profile::Off => unreachable!("handled above"),
     }
+    // Secrets root may read (the driver is still uid 0) are hidden behind /dev/null.
+    for secret in secrets() {
+        steps.push(Step::Bind {
+            source: c"/dev/null".into(),
+            target: inside(&secret),
+            recursive: false,
+        });
+    }
     // Copies of other FUSE mounts would keep their connections alive after the host unmounts
     // them (nothing propagates between the namespaces): drop them. The driver's own mount
     // stays only where it must see it.
@@ -412,6 +420,29 @@ fn command_line_paths(argv: &[OsString], cwd: &Path, mountpoint: Option<&Path>) 
         }
     }
     out
+}
+
+/// Files that hold the host's secrets and that no driver needs: password hashes and the SSH
+/// server's private keys.
+fn secrets() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = [
+        "/etc/shadow",
+        "/etc/shadow-",
+        "/etc/gshadow",
+        "/etc/gshadow-",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    if let Ok(dir) = std::fs::read_dir("/etc/ssh") {
+        files.extend(dir.flatten().map(|e| e.path()).filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("ssh_host_") && n.ends_with("_key"))
+        }));
+    }
+    files.retain(|f| f.is_file());
+    files
 }
 
 /// The file `argv[0]` names, found as `execvp` would (through `PATH` when it has no slash).
