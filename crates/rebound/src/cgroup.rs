@@ -43,6 +43,23 @@ pub struct Usage {
     pub cpu_ns: u64,
 }
 
+/// Removes the cgroups under `parent` left by runs that are gone (killed before they could
+/// remove theirs); `rmdir` refuses any that still holds a process.
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_dir(entry.path());
+        }
+    }
+}
+
 fn write(dir: &Path, file: &str, value: &str) -> io::Result<()> {
     fs::write(dir.join(file), value)
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.join(file).display())))
@@ -88,6 +105,7 @@ impl DriverCgroup {
                 .join(" ");
             write(root, "cgroup.subtree_control", &enable)?;
             write(&parent, "cgroup.subtree_control", &enable)?;
+            remove_stale(&parent);
             let dir = parent.join(name);
             fs::create_dir_all(&dir)?;
             let cgroup = DriverCgroup::V2(dir);
@@ -99,6 +117,7 @@ impl DriverCgroup {
             if !base.join("cgroup.procs").exists() {
                 return Ok(None);
             }
+            remove_stale(&base.join("rebound"));
             let dir = base.join("rebound").join(name);
             fs::create_dir_all(&dir)?;
             Ok(Some(dir))
