@@ -70,7 +70,10 @@ def test_default_profile_driver_works_confined(mount, driver, sshd, tree_tarball
         short = dataclasses.replace(scale, model_seconds=min(scale.model_seconds, 3.0))
         result = workloads.run("model", m.mnt, scale_=short, tarball=tree_tarball)
         assert result.ok, result.summary()
-        # The driver's own view: it cannot write where it was given no right to.
+        # The driver's own view: it cannot write where it was given no right to. (A daemonizing
+        # driver's serving process is known once it serves.)
+        pid = status_of(m.mnt)["driver_pid"]
+        assert_confined(pid)
         root = Path(f"/proc/{pid}/root")
         probe = subprocess.run(["nsenter", "-t", str(pid), "-m", "sh", "-c",
                                 "touch /etc/rebound-sandbox-probe"], capture_output=True,

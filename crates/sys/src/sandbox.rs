@@ -347,9 +347,32 @@ pub fn attach_in_namespace(
             libc::_exit(code);
         }
     }
+    wait_helper(pid)
+}
+
+/// Detaches whatever is mounted at `target` in the mount namespace `namespace`, from a
+/// short-lived child process that enters it (see [`attach_in_namespace`]).
+pub fn detach_in_namespace(namespace: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
+    // SAFETY: as in `attach_in_namespace`: the child makes system calls only.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: see above.
+        unsafe {
+            let done = libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNS) == 0
+                && libc::umount2(target.as_ptr(), libc::MNT_DETACH) == 0;
+            libc::_exit(if done { 0 } else { *libc::__errno_location() });
+        }
+    }
+    wait_helper(pid)
+}
+
+fn wait_helper(pid: libc::pid_t) -> io::Result<()> {
     let mut status = 0;
     loop {
-        // SAFETY: waits for the child forked above; `status` is a live int.
+        // SAFETY: waits for our own child; `status` is a live int.
         if unsafe { libc::waitpid(pid, &mut status, libc::__WALL) } >= 0 {
             break;
         }

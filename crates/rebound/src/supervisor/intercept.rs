@@ -285,14 +285,18 @@ fn mount_for_driver(
         .inspect_err(|_| {
             let _ = rustix::mount::unmount(&call.target, rustix::mount::UnmountFlags::DETACH);
         })?;
-    if let Err(e) = show_in_callers_namespace(notif.pid, &call.target) {
-        tracing::warn!(
-            "could not show {} in the driver's mount namespace: {e}",
-            call.target.display()
-        );
-    }
     let by_helper = std::fs::read_to_string(format!("/proc/{}/comm", notif.pid))
         .is_ok_and(|name| name.starts_with("fusermount"));
+    // A driver that mounts by itself does not look at its mount afterwards; the copy would
+    // only keep the connection alive after the host's mount is gone.
+    if by_helper {
+        if let Err(e) = show_in_callers_namespace(notif.pid, &call.target) {
+            tracing::warn!(
+                "could not show {} in the driver's mount namespace: {e}",
+                call.target.display()
+            );
+        }
+    }
     Ok(Mount {
         mountpoint: call.target.clone(),
         fstype: String::from_utf8_lossy(&fstype).into_owned(),

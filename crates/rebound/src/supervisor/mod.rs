@@ -761,6 +761,7 @@ impl Run<'_> {
                     s.proxy
                         .check_liveness(self.config.request_timeout(), self.config.probe_timeout())
                 });
+                self.check_helper_mount();
                 let cause = cause.or_else(|| {
                     let s = self.served.as_ref()?;
                     let requests = s
@@ -852,6 +853,41 @@ impl Run<'_> {
             _ => {}
         }
         Ok(())
+    }
+
+    /// A driver that mounted through a helper sees a copy of its mount in its own namespace
+    /// (see `intercept`), which keeps the connection alive after a user's `umount` in the
+    /// host: once the host's mount is gone, drop the copy too, so that the connection ends
+    /// and the run stops as it would without a sandbox.
+    fn check_helper_mount(&self) {
+        let Some(s) = self.served.as_ref().filter(|s| s.mounted_by_helper) else {
+            return;
+        };
+        if self.config.sandbox.profile == Profile::Off {
+            return;
+        }
+        let needle = format!(" {} ", s.mountpoint.display());
+        let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+            .map(|t| t.lines().any(|l| l.contains(&needle)))
+            .unwrap_or(true);
+        if mounted {
+            return;
+        }
+        for pid in process::descendants() {
+            let Ok(namespace) = std::fs::File::open(format!("/proc/{pid}/ns/mnt")) else {
+                continue;
+            };
+            let target = std::ffi::CString::new(s.mountpoint.as_os_str().as_encoded_bytes())
+                .unwrap_or_default();
+            match rebound_sys::sandbox::detach_in_namespace(namespace.as_fd(), &target) {
+                Ok(()) => tracing::info!(
+                    "{} was unmounted; dropped the driver's copy of it",
+                    s.mountpoint.display()
+                ),
+                Err(e) => tracing::debug!("dropping the driver's copy of the mount: {e}"),
+            }
+            return;
+        }
     }
 
     /// The run is over and no driver process is left: its log lines are written, its cgroup
