@@ -36,7 +36,7 @@ def errno_of(action, path, timeout=10):
 class Running:
     """`rebound run -- DRIVER...` in the background, stderr to a file, always cleaned up."""
 
-    def __init__(self, work, driver_argv, config=None):
+    def __init__(self, work, driver_argv, config=None, env=None):
         self.work = work
         self.mnt = work / "mnt"
         self.mnt.mkdir(exist_ok=True)
@@ -49,7 +49,7 @@ class Running:
             self.proc = subprocess.Popen([str(mounts.rebound_bin()), "run"] + options + ["--"]
                                          + driver_argv,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=err, start_new_session=True)
+                                         stderr=err, start_new_session=True, env=env)
 
     def wait_mounted(self):
         def ready():

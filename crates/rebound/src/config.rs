@@ -3,7 +3,7 @@
 //! Owns: the file format, its defaults and its error messages (one line naming the key).
 //! Must not: act on the settings.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -46,6 +46,108 @@ pub struct Config {
     pub redo_log: bool,
     /// How often the driver is checkpointed when `redo_log` is on.
     pub checkpoint_interval_ms: u64,
+    /// What the driver may see and do.
+    pub sandbox: SandboxConfig,
+    /// What the driver may consume, and when hoarding means it must be restarted.
+    pub limits: Limits,
+}
+
+/// `[sandbox]`: the driver's confinement (see the README's configuration table).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    pub profile: Profile,
+    /// Paths the driver may write besides those on its command line.
+    pub writable_paths: Vec<PathBuf>,
+    /// Paths the driver may read besides the system's directories (`strict` only: under
+    /// `default` the whole tree is readable).
+    pub readable_paths: Vec<PathBuf>,
+    /// Whether files and directories named on the driver's command line (`disk.img`,
+    /// `-o source=DIR`) are writable in its view.
+    pub command_line_paths: bool,
+    /// Whether the driver shares the host's network; unset: yes under `default`, no under
+    /// `strict`.
+    pub network: Option<bool>,
+    /// Capabilities the driver keeps (`"CAP_CHOWN"`); none by default.
+    pub capabilities: Vec<String>,
+    /// System calls of the profile's deny list the driver may make after all (`"ptrace"`).
+    pub allow_syscalls: Vec<String>,
+}
+
+/// How tightly the driver is confined.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Profile {
+    /// Only the system's directories (read-only), its own paths and a private `/tmp` are
+    /// visible; no network unless asked for.
+    Strict,
+    /// The host's tree is visible read-only, its own paths writable; the host's network.
+    #[default]
+    Default,
+    /// No confinement beyond the mount interception, for debugging. Limits still apply.
+    Off,
+}
+
+/// `[limits]`: resources per driver (its cgroup and rlimits), and the hoarding checks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Memory of the driver's cgroup, in MiB; 0: no limit. The driver is restarted when its
+    /// anonymous memory passes 90% of this, and the kernel's OOM killer, should it act first,
+    /// can pick only from the driver's cgroup.
+    pub memory_mb: u64,
+    /// Tasks (processes and threads) of the driver's cgroup; 0: no limit. Reaching it means
+    /// a restart.
+    pub tasks: u64,
+    /// CPU time, in percent of one CPU; 0: no limit (the default: a cap would slow a driver
+    /// that serves in parallel on an otherwise idle machine; spinning is caught by
+    /// `idle_cpu_percent`).
+    pub cpu_percent: u64,
+    /// Open files per driver process (RLIMIT_NOFILE); 0: rebound's own limit. A process that
+    /// holds 90% of the limit leaks descriptors: the driver is restarted.
+    pub open_files: u64,
+    /// Largest core dump, in MiB (RLIMIT_CORE); 0: none.
+    pub core_mb: u64,
+    /// A driver that spends more than this percentage of one CPU over `idle_cpu_window_ms`
+    /// while no request is pending spins: it is restarted. 0: never.
+    pub idle_cpu_percent: u64,
+    /// The window `idle_cpu_percent` is measured over.
+    pub idle_cpu_window_ms: u64,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            profile: Profile::Default,
+            writable_paths: Vec::new(),
+            readable_paths: Vec::new(),
+            command_line_paths: true,
+            network: None,
+            capabilities: Vec::new(),
+            allow_syscalls: Vec::new(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_mb: 1024,
+            tasks: 512,
+            cpu_percent: 0,
+            open_files: 0,
+            core_mb: 0,
+            idle_cpu_percent: 50,
+            idle_cpu_window_ms: 10_000,
+        }
+    }
+}
+
+impl SandboxConfig {
+    /// Whether the driver shares the host's network.
+    pub fn network(&self) -> bool {
+        self.network.unwrap_or(self.profile != Profile::Strict)
+    }
 }
 
 /// What rebound does when the driver fails and the restart budget is spent.
@@ -75,6 +177,8 @@ impl Default for Config {
             pre_restart: Vec::new(),
             redo_log: false,
             checkpoint_interval_ms: 1_000,
+            sandbox: SandboxConfig::default(),
+            limits: Limits::default(),
         }
     }
 }
@@ -99,11 +203,26 @@ impl Config {
             let line_no = 1 + text[..start].matches('\n').count();
             // Type errors point at the value; name the key it belongs to.
             let line = text[line_start..].lines().next().unwrap_or_default();
+            let table = text[..line_start]
+                .lines()
+                .rev()
+                .map(str::trim)
+                .find(|l| l.starts_with('[') && l.ends_with(']'))
+                .map(|l| l.trim_matches(['[', ']']).trim());
             match line.split_once('=') {
                 Some((key, _)) if !message.contains(key.trim()) => {
-                    format!("line {line_no}: `{}`: {message}", key.trim())
+                    let key = key.trim();
+                    match table {
+                        Some(table) => format!("line {line_no}: `{table}.{key}`: {message}"),
+                        None => format!("line {line_no}: `{key}`: {message}"),
+                    }
                 }
-                _ => format!("line {line_no}: {message}"),
+                _ => match table {
+                    Some(table) if !line.trim_start().starts_with('[') => {
+                        format!("line {line_no}: in [{table}]: {message}")
+                    }
+                    _ => format!("line {line_no}: {message}"),
+                },
             }
         })?;
         config.check()?;
@@ -135,7 +254,8 @@ impl Config {
                 self.restart_backoff_ms
             ));
         }
-        Ok(())
+        self.sandbox.check()?;
+        self.limits.check()
     }
 
     pub fn mount_timeout(&self) -> Duration {
@@ -144,6 +264,71 @@ impl Config {
 
     pub fn stop_timeout(&self) -> Duration {
         Duration::from_millis(self.stop_timeout_ms)
+    }
+}
+
+impl SandboxConfig {
+    fn check(&self) -> Result<(), String> {
+        for (key, paths) in [
+            ("sandbox.writable_paths", &self.writable_paths),
+            ("sandbox.readable_paths", &self.readable_paths),
+        ] {
+            for path in paths {
+                if !path.is_absolute() {
+                    return Err(format!(
+                        "{key}: `{}` is not an absolute path",
+                        path.display()
+                    ));
+                }
+                if path == Path::new("/") {
+                    return Err(format!("{key}: `/` would give the driver the whole host"));
+                }
+            }
+        }
+        for name in &self.capabilities {
+            if crate::sandbox::capability(name).is_none() {
+                return Err(format!(
+                    "sandbox.capabilities: `{name}` is not a capability (write e.g. \"CAP_CHOWN\")"
+                ));
+            }
+        }
+        for name in &self.allow_syscalls {
+            if !crate::sandbox::deniable(name) {
+                return Err(format!(
+                    "sandbox.allow_syscalls: `{name}` is not denied by any profile (denied: {})",
+                    crate::sandbox::deniable_names()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Limits {
+    fn check(&self) -> Result<(), String> {
+        if self.memory_mb != 0 && self.memory_mb < 16 {
+            return Err("limits.memory_mb: must be 0 (no limit) or at least 16".into());
+        }
+        if self.tasks != 0 && self.tasks < 8 {
+            return Err("limits.tasks: must be 0 (no limit) or at least 8".into());
+        }
+        if self.open_files != 0 && self.open_files < 64 {
+            return Err("limits.open_files: must be 0 (rebound's limit) or at least 64".into());
+        }
+        if self.cpu_percent > 100 * 1024 {
+            return Err("limits.cpu_percent: at most 102400 (1024 CPUs)".into());
+        }
+        if self.idle_cpu_percent > 100 {
+            return Err("limits.idle_cpu_percent: a percentage of one CPU, at most 100".into());
+        }
+        if self.idle_cpu_window_ms < 500 {
+            return Err("limits.idle_cpu_window_ms: must be at least 500".into());
+        }
+        Ok(())
+    }
+
+    pub fn idle_cpu_window(&self) -> Duration {
+        Duration::from_millis(self.idle_cpu_window_ms)
     }
 }
 
@@ -234,6 +419,52 @@ mod tests {
         let err = Config::parse("mount_timeout_ms = 5\nmount_timout = 3\n").unwrap_err();
         assert!(err.contains("mount_timout"), "{err}");
         assert!(err.starts_with("line 2:"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn sandbox_and_limits_are_read() {
+        let config = Config::parse(
+            "[sandbox]\nprofile = \"strict\"\nwritable_paths = [\"/srv/x\"]\n\
+             capabilities = [\"CAP_CHOWN\"]\nallow_syscalls = [\"ptrace\"]\n\
+             [limits]\nmemory_mb = 64\ntasks = 32\n",
+        )
+        .unwrap();
+        assert_eq!(config.sandbox.profile, Profile::Strict);
+        assert!(
+            !config.sandbox.network(),
+            "strict has no network by default"
+        );
+        assert_eq!(config.limits.memory_mb, 64);
+        assert_eq!(config.limits.tasks, 32);
+        assert_eq!(config.limits.cpu_percent, 0, "a default: no cap");
+        let config = Config::parse("").unwrap();
+        assert_eq!(config.sandbox.profile, Profile::Default);
+        assert!(config.sandbox.network());
+    }
+
+    #[test]
+    fn sandbox_and_limits_errors_name_the_key() {
+        let err = Config::parse("[sandbox]\nprofil = \"strict\"\n").unwrap_err();
+        assert!(err.starts_with("line 2:"), "{err}");
+        assert!(err.contains("profil"), "{err}");
+        let err = Config::parse("[sandbox]\nprofile = \"lax\"\n").unwrap_err();
+        assert!(err.contains("`sandbox.profile`"), "{err}");
+        assert!(err.contains("strict") && err.contains("off"), "{err}");
+        let err = Config::parse("[limits]\nmemory_mb = \"lots\"\n").unwrap_err();
+        assert!(err.contains("`limits.memory_mb`"), "{err}");
+        let err = Config::parse("[limits]\nmemory_mb = -5\n").unwrap_err();
+        assert!(err.contains("`limits.memory_mb`"), "{err}");
+        let err = Config::parse("[limits]\nmemory_mb = 3\n").unwrap_err();
+        assert!(err.starts_with("limits.memory_mb:"), "{err}");
+        let err = Config::parse("[sandbox]\nwritable_paths = [\"rel\"]\n").unwrap_err();
+        assert!(err.starts_with("sandbox.writable_paths:"), "{err}");
+        let err = Config::parse("[sandbox]\ncapabilities = [\"CAP_FLY\"]\n").unwrap_err();
+        assert!(err.starts_with("sandbox.capabilities:"), "{err}");
+        let err = Config::parse("[sandbox]\nallow_syscalls = [\"read\"]\n").unwrap_err();
+        assert!(err.starts_with("sandbox.allow_syscalls:"), "{err}");
+        let err = Config::parse("[limit]\ntasks = 5\n").unwrap_err();
+        assert!(err.contains("limit"), "{err}");
         assert!(!err.contains('\n'), "{err}");
     }
 

@@ -2,11 +2,13 @@
 //! supervisor (`run`), the control socket's client (`status`, `restart`) or the fault injector
 //! (`inject`); nothing else lives here.
 
+mod cgroup;
 mod config;
 mod control;
 mod inject;
 mod paths;
 mod proxy;
+mod sandbox;
 mod supervisor;
 
 use std::ffi::OsString;

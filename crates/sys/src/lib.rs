@@ -2,10 +2,12 @@
 //! wraps. Every `unsafe` block carries a `SAFETY:` reason.
 //!
 //! Owns: the seccomp user-notification filter that lets rebound see a driver's `mount(2)` and
-//! `umount2(2)` ([`seccomp`]), spawning a driver with that filter in place ([`spawn`]), and
-//! cloning a FUSE connection into more queues ([`fuse_dev`]).
+//! `umount2(2)` and denies what no driver needs ([`seccomp`]), confining a driver (cgroups,
+//! rlimits, namespaces, capabilities; [`sandbox`]), spawning a driver with both in place
+//! ([`spawn`]), and cloning a FUSE connection into more queues ([`fuse_dev`]).
 //! Must not: contain policy (what to do with a notification is the supervisor's business).
 
 pub mod fuse_dev;
+pub mod sandbox;
 pub mod seccomp;
 pub mod spawn;

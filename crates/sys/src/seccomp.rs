@@ -3,8 +3,9 @@
 //! The filter hands `mount(2)`, `umount2(2)`, `ioctl(FUSE_DEV_IOC_CLONE)` and offset-less
 //! `splice(2)` of the driver's whole process tree to rebound, which performs them itself (or
 //! lets them continue) and answers in the driver's place. `fsopen(2)` fails with
-//! `ENOSYS` so that libraries fall back to `mount(2)`. Every other system call runs untouched,
-//! so the filter costs nothing on the driver's I/O path.
+//! `ENOSYS` so that libraries fall back to `mount(2)`, and the system calls of a deny list
+//! (chosen by the caller) fail with `EPERM`. Every other system call runs untouched, so the
+//! filter costs nothing on the driver's I/O path: one filter, one program, checked in order.
 //!
 //! Must not: decide anything about the calls it reports.
 
@@ -93,8 +94,32 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
 /// `FUSE_DEV_IOC_CLONE`: `_IOR(229, 0, uint32_t)`.
 pub const FUSE_DEV_IOC_CLONE: u32 = 0x8004_e500;
 
-/// The BPF program of the interception filter.
-fn interception_program() -> [libc::sock_filter; 22] {
+/// Where the program's jumps land: the returns at its end.
+struct Returns {
+    allow: usize,
+    notify: usize,
+    enosys: usize,
+    eperm: usize,
+}
+
+/// Instructions of the interception part, after the header and the deny list.
+const INTERCEPTION_LEN: usize = 15;
+
+impl Returns {
+    fn for_denied(denied: usize) -> Returns {
+        let allow = 4 + denied + INTERCEPTION_LEN;
+        Returns {
+            allow,
+            notify: allow + 1,
+            enosys: allow + 2,
+            eperm: allow + 3,
+        }
+    }
+}
+
+/// The BPF program: foreign ABIs fail with `ENOSYS`, each of `denied` fails with `EPERM`,
+/// then the interception (see the module comment), and everything else is allowed.
+fn program(denied: &[u32]) -> Vec<libc::sock_filter> {
     const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
     const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
     const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
@@ -108,72 +133,116 @@ fn interception_program() -> [libc::sock_filter; 22] {
     const fn arg_high(i: u32) -> u32 {
         20 + 8 * i
     }
-    // Jump offsets below are relative to the next instruction; the targets are
-    // ALLOW = 19, NOTIFY = 20, ENOSYS = 21 (checked by a unit test).
-    [
+    let to = Returns::for_denied(denied.len());
+    // A jump offset is relative to the next instruction and must fit in a byte; `Filter::new`
+    // caps the deny list so that it does.
+    let rel = |from: usize, target: usize| (target - from - 1) as u8;
+    let mut prog = vec![
         /* 0 */ stmt(LD_W_ABS, ARCH),
-        /* 1 */ jump(JEQ_K, AUDIT_ARCH, 0, 19), // foreign ABI -> ENOSYS
+        /* 1 */ jump(JEQ_K, AUDIT_ARCH, 0, rel(1, to.enosys)), // foreign ABI
         /* 2 */ stmt(LD_W_ABS, NR),
-        /* 3 */ jump(JGE_K, X32_SYSCALL_BIT, 17, 0), // x32 -> ENOSYS
-        /* 4 */ jump(JEQ_K, libc::SYS_mount as u32, 15, 0), // -> NOTIFY
-        /* 5 */ jump(JEQ_K, libc::SYS_umount2 as u32, 14, 0), // -> NOTIFY
-        /* 6 */ jump(JEQ_K, libc::SYS_fsopen as u32, 14, 0), // -> ENOSYS
-        /* 7 */ jump(JEQ_K, libc::SYS_ioctl as u32, 0, 2), // not ioctl -> 10
-        /* 8 */ stmt(LD_W_ABS, arg_low(1)),
-        /* 9 */ jump(JEQ_K, FUSE_DEV_IOC_CLONE, 10, 9), // -> NOTIFY, else ALLOW
+        /* 3 */ jump(JGE_K, X32_SYSCALL_BIT, rel(3, to.enosys), 0), // x32
+    ];
+    for &nr in denied {
+        let at = prog.len();
+        prog.push(jump(JEQ_K, nr, rel(at, to.eperm), 0));
+    }
+    // The interception: offsets below are relative, and the part sits just before the
+    // returns, so they are the same whatever the length of the deny list.
+    prog.extend_from_slice(&[
+        /* +0 */ jump(JEQ_K, libc::SYS_mount as u32, 15, 0), // -> NOTIFY
+        /* +1 */ jump(JEQ_K, libc::SYS_umount2 as u32, 14, 0), // -> NOTIFY
+        /* +2 */ jump(JEQ_K, libc::SYS_fsopen as u32, 14, 0), // -> ENOSYS
+        /* +3 */ jump(JEQ_K, libc::SYS_ioctl as u32, 0, 2), // not ioctl -> +6
+        /* +4 */ stmt(LD_W_ABS, arg_low(1)),
+        /* +5 */ jump(JEQ_K, FUSE_DEV_IOC_CLONE, 10, 9), // -> NOTIFY, else ALLOW
         // splice(fd_in, off_in, fd_out, off_out, len, flags) into the channel has no offsets;
         // splices with an offset (file to pipe) never involve the channel.
-        /* 10 */
+        /* +6 */
         jump(JEQ_K, libc::SYS_splice as u32, 0, 8), // not splice -> ALLOW
-        /* 11 */ stmt(LD_W_ABS, arg_low(1)),
-        /* 12 */ jump(JEQ_K, 0, 0, 6), // off_in set -> ALLOW
-        /* 13 */ stmt(LD_W_ABS, arg_high(1)),
-        /* 14 */ jump(JEQ_K, 0, 0, 4),
-        /* 15 */ stmt(LD_W_ABS, arg_low(3)),
-        /* 16 */ jump(JEQ_K, 0, 0, 2),
-        /* 17 */ stmt(LD_W_ABS, arg_high(3)),
-        /* 18 */ jump(JEQ_K, 0, 1, 0), // both offsets NULL -> NOTIFY
-        /* 19 */ stmt(RET_K, SECCOMP_RET_ALLOW),
-        /* 20 */ stmt(RET_K, SECCOMP_RET_USER_NOTIF),
-        /* 21 */ stmt(RET_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
-    ]
+        /* +7 */ stmt(LD_W_ABS, arg_low(1)),
+        /* +8 */ jump(JEQ_K, 0, 0, 6), // off_in set -> ALLOW
+        /* +9 */ stmt(LD_W_ABS, arg_high(1)),
+        /* +10 */ jump(JEQ_K, 0, 0, 4),
+        /* +11 */ stmt(LD_W_ABS, arg_low(3)),
+        /* +12 */ jump(JEQ_K, 0, 0, 2),
+        /* +13 */ stmt(LD_W_ABS, arg_high(3)),
+        /* +14 */ jump(JEQ_K, 0, 1, 0), // both offsets NULL -> NOTIFY
+    ]);
+    prog.extend_from_slice(&[
+        stmt(RET_K, SECCOMP_RET_ALLOW),
+        stmt(RET_K, SECCOMP_RET_USER_NOTIF),
+        stmt(RET_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+        stmt(RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32),
+    ]);
+    debug_assert_eq!(prog.len(), to.eperm + 1);
+    debug_assert_eq!(prog[to.allow].k, SECCOMP_RET_ALLOW);
+    debug_assert_eq!(prog[to.notify].k, SECCOMP_RET_USER_NOTIF);
+    prog
 }
 
-/// Installs the interception filter on the calling thread and returns the listener.
-///
-/// Async-signal-safe: called between `fork` and `exec`, it makes system calls only.
-pub fn install_interception_filter() -> io::Result<OwnedFd> {
-    let program = interception_program();
-    let fprog = libc::sock_fprog {
-        len: program.len() as u16,
-        filter: program.as_ptr() as *mut libc::sock_filter,
-    };
-    let load = || {
-        // SAFETY: `fprog` points at `program`, which outlives the call; the kernel copies the
-        // program before returning.
-        unsafe {
-            libc::syscall(
-                libc::SYS_seccomp,
-                SECCOMP_SET_MODE_FILTER,
-                SECCOMP_FILTER_FLAG_NEW_LISTENER,
-                &fprog as *const libc::sock_fprog,
-            )
+/// The most system calls a filter can deny (its jumps must reach the returns in one byte).
+pub const MAX_DENIED: usize = 200;
+
+/// A filter program, built before `fork` so that installing it in the child allocates nothing.
+pub struct Filter {
+    program: Vec<libc::sock_filter>,
+}
+
+impl Filter {
+    /// The interception filter, which also makes each system call of `denied` fail with
+    /// `EPERM`. Fails when `denied` is longer than [`MAX_DENIED`].
+    pub fn new(denied: &[u32]) -> io::Result<Filter> {
+        if denied.len() > MAX_DENIED {
+            return Err(io::Error::other("too many system calls to deny"));
         }
-    };
-    let mut fd = load();
-    if fd < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EACCES) {
-        // Without CAP_SYS_ADMIN a filter needs no_new_privs.
-        // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
-        if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        Ok(Filter {
+            program: program(denied),
+        })
+    }
+
+    /// Installs the filter on the calling thread and returns the listener.
+    ///
+    /// Async-signal-safe: called between `fork` and `exec`, it makes system calls only.
+    pub fn install(&self) -> io::Result<OwnedFd> {
+        let fprog = libc::sock_fprog {
+            len: self.program.len() as u16,
+            filter: self.program.as_ptr() as *mut libc::sock_filter,
+        };
+        let load = || {
+            // SAFETY: `fprog` points at `self.program`, which outlives the call; the kernel
+            // copies the program before returning.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_seccomp,
+                    SECCOMP_SET_MODE_FILTER,
+                    SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                    &fprog as *const libc::sock_fprog,
+                )
+            }
+        };
+        let mut fd = load();
+        if fd < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EACCES) {
+            // Without CAP_SYS_ADMIN a filter needs no_new_privs.
+            set_no_new_privs()?;
+            fd = load();
+        }
+        if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        fd = load();
+        // SAFETY: the kernel just returned this new descriptor, which nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
     }
-    if fd < 0 {
+}
+
+/// Sets `no_new_privs`: from now on `execve` grants no privileges (setuid bits and file
+/// capabilities are ignored). Async-signal-safe.
+pub fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: the kernel just returned this new descriptor, which nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    Ok(())
 }
 
 fn ioctl<T>(fd: BorrowedFd<'_>, request: libc::c_ulong, arg: *mut T) -> io::Result<libc::c_int> {
@@ -249,25 +318,41 @@ mod tests {
 
     #[test]
     fn jumps_land_on_the_intended_returns() {
-        let prog = interception_program();
-        let (allow, notify, enosys) = (19, 20, 21);
-        let jt = |i: usize| i + 1 + prog[i].jt as usize;
-        let jf = |i: usize| i + 1 + prog[i].jf as usize;
-        assert_eq!(jf(1), enosys);
-        assert_eq!(jt(3), enosys);
-        assert_eq!((jt(4), jt(5)), (notify, notify));
-        assert_eq!(jt(6), enosys);
-        assert_eq!(jf(7), 10);
-        assert_eq!((jt(9), jf(9)), (notify, allow));
-        assert_eq!(jf(10), allow);
-        for i in [12, 14, 16, 18] {
-            assert_eq!(jf(i), allow, "offset check {i}");
+        for denied in [&[][..], &[libc::SYS_reboot as u32, libc::SYS_bpf as u32]] {
+            let prog = program(denied);
+            let n = denied.len();
+            let Returns {
+                allow,
+                notify,
+                enosys,
+                eperm,
+            } = Returns::for_denied(n);
+            let jt = |i: usize| i + 1 + prog[i].jt as usize;
+            let jf = |i: usize| i + 1 + prog[i].jf as usize;
+            assert_eq!(jf(1), enosys);
+            assert_eq!(jt(3), enosys);
+            for i in 4..4 + n {
+                assert_eq!((jt(i), jf(i)), (eperm, i + 1), "deny {i}");
+            }
+            let b = 4 + n; // first instruction of the interception part
+            assert_eq!((jt(b), jt(b + 1)), (notify, notify));
+            assert_eq!(jt(b + 2), enosys);
+            assert_eq!(jf(b + 3), b + 6);
+            assert_eq!((jt(b + 5), jf(b + 5)), (notify, allow));
+            assert_eq!(jf(b + 6), allow);
+            for i in [8, 10, 12, 14] {
+                assert_eq!(jf(b + i), allow, "offset check {i}");
+            }
+            assert_eq!(jt(b + 14), notify);
+            assert_eq!(jt(b + 8), b + 9);
+            assert_eq!(prog[allow].k, SECCOMP_RET_ALLOW);
+            assert_eq!(prog[notify].k, SECCOMP_RET_USER_NOTIF);
+            assert_eq!(prog[enosys].k, SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+            assert_eq!(prog[eperm].k, SECCOMP_RET_ERRNO | libc::EPERM as u32);
         }
-        assert_eq!(jt(18), notify);
-        assert_eq!(jt(12), 13);
-        assert_eq!(prog[allow].k, SECCOMP_RET_ALLOW);
-        assert_eq!(prog[notify].k, SECCOMP_RET_USER_NOTIF);
-        assert_eq!(prog[enosys].k, SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+        assert!(Filter::new(&[0; MAX_DENIED]).is_ok());
+        let longest = program(&[0; MAX_DENIED]);
+        assert!(longest.iter().all(|i| i.jt as usize + i.jf as usize <= 255));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Starting a driver with the interception filter in place before its first instruction.
+//! Starting a driver confined by its sandbox and with the interception filter in place before
+//! its first instruction.
 //!
 //! The filter must be installed in the child between `fork` and `exec` (so it covers the
 //! driver and everything it starts, including a setuid `fusermount3`), but its listener
@@ -17,11 +18,20 @@ use rustix::net::{
     RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
 };
 
+use crate::sandbox::Sandbox;
 use crate::seccomp;
 
-/// Spawns `command` under the interception filter. Returns the child and the filter's
-/// notification listener.
-pub fn spawn_intercepted(command: &mut Command) -> io::Result<(Child, OwnedFd)> {
+/// Spawns `command` confined by `sandbox` and under the interception filter, which also denies
+/// the system calls `denied` with `EPERM`. Returns the child and the filter's notification
+/// listener.
+pub fn spawn_intercepted(
+    command: &mut Command,
+    sandbox: &Sandbox,
+    denied: &[u32],
+) -> io::Result<(Child, OwnedFd)> {
+    // Both are prepared here: the child allocates nothing.
+    let filter = seccomp::Filter::new(denied)?;
+    let sandbox = sandbox.clone();
     let (ours, theirs) = socketpair(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
@@ -30,12 +40,15 @@ pub fn spawn_intercepted(command: &mut Command) -> io::Result<(Child, OwnedFd)> 
     )?;
     let theirs_raw = theirs.as_raw_fd();
     // SAFETY: the closure runs in the forked child before exec and only makes system calls
-    // (seccomp, sendmsg on stack buffers, close); it allocates nothing and takes no locks, so
-    // it is async-signal-safe. `theirs_raw` stays open in the child: it is closed by
-    // CLOEXEC at exec.
+    // (those of the sandbox, seccomp, sendmsg on stack buffers, close); it allocates nothing
+    // and takes no locks, so it is async-signal-safe. The child has a single thread, as
+    // `unshare` needs. `theirs_raw` stays open in the child: it is closed by CLOEXEC at exec.
     unsafe {
         command.pre_exec(move || {
-            let listener = seccomp::install_interception_filter()?;
+            // The sandbox first (its mounts need the capabilities it drops), the filter last:
+            // it would report the sandbox's own mounts.
+            sandbox.apply()?;
+            let listener = filter.install()?;
             // SAFETY: `theirs_raw` is open in the child until exec (see above).
             let channel = BorrowedFd::borrow_raw(theirs_raw);
             send_fd(channel, listener.as_fd())?;

@@ -413,6 +413,11 @@ impl Proxy {
         held_objects(&self.shared)
     }
 
+    /// Whether a request waits for the driver's reply now.
+    pub fn request_pending(&self) -> bool {
+        self.shared.inflight.oldest_sent().is_some()
+    }
+
     /// A reader of [`Proxy::held_objects`] that other threads can keep.
     pub fn held_objects_reader(&self) -> impl Fn() -> (usize, usize) + Send + 'static {
         let shared = self.shared.clone();

@@ -80,16 +80,18 @@ pub struct Served<'a> {
 }
 
 /// Handles one notification.
+/// With `sandboxed`, mounts other than FUSE mounts are refused (`EPERM`).
 pub fn handle(
     listener: BorrowedFd<'_>,
     notif: &Notification,
     served: Option<Served<'_>>,
+    sandboxed: bool,
 ) -> Intercepted {
     let nr = i64::from(notif.data.nr);
     let ours = served.as_ref().map(|s| s.mountpoint);
     let recovering = served.as_ref().is_some_and(|s| s.recovering);
     let result = if nr == seccomp::NR_MOUNT {
-        handle_mount(listener, notif, ours, recovering)
+        handle_mount(listener, notif, ours, recovering, sandboxed)
     } else if nr == seccomp::NR_UMOUNT2 {
         handle_umount(listener, notif, ours, recovering)
     } else if nr == seccomp::NR_IOCTL {
@@ -113,6 +115,7 @@ fn handle_mount(
     notif: &Notification,
     ours: Option<&Path>,
     recovering: bool,
+    sandboxed: bool,
 ) -> io::Result<Intercepted> {
     let call = match read_mount_call(notif) {
         Ok(call) => call,
@@ -128,8 +131,19 @@ fn handle_mount(
         .fstype
         .as_deref()
         .is_some_and(|t| t == b"fuse" || t.starts_with(b"fuse.") || t.starts_with(b"fuseblk"));
+    if !is_fuse && sandboxed {
+        tracing::warn!(
+            "pid {} tried to mount {} ({}); refused: a sandboxed driver mounts only its FUSE \
+             file system",
+            notif.pid,
+            call.target.display(),
+            String::from_utf8_lossy(call.fstype.as_deref().unwrap_or_default())
+        );
+        seccomp::respond(listener, notif.id, -1, Errno::PERM.raw_os_error())?;
+        return Ok(Intercepted::Other);
+    }
     if !is_fuse {
-        // Not ours to judge here (the sandbox will be); let the kernel decide.
+        // Without a sandbox, the kernel decides as it would without rebound.
         seccomp::respond_continue(listener, notif.id)?;
         return Ok(Intercepted::Other);
     }
@@ -173,6 +187,28 @@ fn handle_mount(
             Ok(Intercepted::Other)
         }
     }
+}
+
+/// A caller in a mount namespace of its own (its sandbox) does not see mounts made in
+/// rebound's, and nothing propagates between the two; a driver that checks its mount by using
+/// it (go-fuse, through fusermount3) must see it. rebound places a copy of the new mount (the
+/// same connection) at the same path in the caller's namespace. Only the mount just made is
+/// copied: no path lookup goes into it.
+fn show_in_callers_namespace(pid: u32, target: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let theirs = format!("/proc/{pid}/ns/mnt");
+    if std::fs::metadata(&theirs)?.ino() == std::fs::metadata("/proc/self/ns/mnt")?.ino() {
+        return Ok(());
+    }
+    let namespace = File::open(&theirs)?;
+    let tree = rustix::mount::open_tree(
+        rustix::fs::CWD,
+        target,
+        rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE
+            | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )?;
+    let target = CString::new(target.as_os_str().as_bytes())?;
+    rebound_sys::sandbox::attach_in_namespace(namespace.as_fd(), tree.as_fd(), &target)
 }
 
 /// The caller's `/dev/fuse` descriptor named by `fd=N`, and whether it is close-on-exec.
@@ -252,6 +288,16 @@ fn mount_for_driver(
         })?;
     let by_helper = std::fs::read_to_string(format!("/proc/{}/comm", notif.pid))
         .is_ok_and(|name| name.starts_with("fusermount"));
+    // A driver that mounts by itself does not look at its mount afterwards; the copy would
+    // only keep the connection alive after the host's mount is gone.
+    if by_helper {
+        if let Err(e) = show_in_callers_namespace(notif.pid, &call.target) {
+            tracing::warn!(
+                "could not show {} in the driver's mount namespace: {e}",
+                call.target.display()
+            );
+        }
+    }
     Ok(Mount {
         mountpoint: call.target.clone(),
         fstype: String::from_utf8_lossy(&fstype).into_owned(),

@@ -9,6 +9,7 @@
 //! Everything happens on one thread around one `poll(2)`: the seccomp listener, termination
 //! signals, SIGCHLD, the proxy's events and operator commands are all file descriptors.
 
+mod hoarding;
 mod intercept;
 mod process;
 
@@ -18,9 +19,10 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -28,9 +30,11 @@ use rebound_sys::{seccomp, spawn};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::process::Signal;
 
-use crate::config::{BudgetPolicy, Config};
+use crate::cgroup::DriverCgroup;
+use crate::config::{BudgetPolicy, Config, Profile};
 use crate::control::{self, ControlSocket, StatusBoard};
 use crate::proxy::{Proxy, ProxyEvent, ProxyOptions};
+use crate::sandbox::MountPoint;
 use intercept::Intercepted;
 use process::Exit;
 
@@ -95,6 +99,12 @@ struct Run<'a> {
     /// When restarts were started, within the restart window.
     restarts: VecDeque<Instant>,
     events_tx: Option<UnixStream>,
+    /// The cgroup every driver of this run runs in.
+    cgroup: Option<DriverCgroup>,
+    watch: hoarding::Watch,
+    /// What the driver's stderr lines are prefixed with in the log: its mount point, once known.
+    log_label: Arc<Mutex<String>>,
+    stderr_loggers: Vec<JoinHandle<()>>,
 }
 
 /// Runs `argv` as a FUSE driver behind rebound until the mount ends. Returns the exit code.
@@ -112,7 +122,38 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
     let (commands_rx, commands_tx) = UnixStream::pair().context("creating the command channel")?;
     commands_rx.set_nonblocking(true)?;
 
-    let (pid, listener) = start_driver(argv, None)?;
+    let cgroup = match DriverCgroup::create(&std::process::id().to_string(), &config.limits) {
+        Ok(Some(cgroup)) => Some(cgroup),
+        Ok(None) => {
+            tracing::warn!(
+                "no cgroup file system: the driver's memory, tasks and CPU are not limited"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::warn!("cannot create the driver's cgroup ({e}): its memory, tasks and CPU are not limited");
+            None
+        }
+    };
+    let log_label = Arc::new(Mutex::new(driver_name.clone()));
+    let mut watch = hoarding::Watch::new(&config.limits);
+    watch.driver_started(cgroup.as_ref());
+    let started = start_driver(
+        config,
+        argv,
+        MountPoint::Unknown,
+        cgroup.as_ref(),
+        log_label.clone(),
+    );
+    let (pid, listener, logger) = match started {
+        Ok(started) => started,
+        Err(e) => {
+            if let Some(cgroup) = &cgroup {
+                cgroup.remove();
+            }
+            return Err(e);
+        }
+    };
     tracing::info!("started driver `{driver_name}` as pid {pid}");
 
     let board = Arc::new(StatusBoard::default());
@@ -147,6 +188,10 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         driver_exit: None,
         restarts: VecDeque::new(),
         events_tx: Some(events_tx),
+        cgroup,
+        watch,
+        log_label,
+        stderr_loggers: vec![logger],
     };
 
     loop {
@@ -207,30 +252,71 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         }
         run.reap();
         if let Some(code) = run.on_processes_gone() {
+            run.finish();
             return Ok(code);
         }
         run.on_tick()?;
     }
 }
 
-/// Starts the driver under the seccomp filter; returns its pid and the filter's listener.
+/// Starts the driver in its sandbox and under the seccomp filter; returns its pid, the
+/// filter's listener, and the thread that logs its stderr.
 ///
-/// A restarted driver given `outside` (the mount point it will serve) runs in a mount namespace
-/// of its own where that mount point is not mounted: whatever it does to the mount point before
-/// it can serve (libfuse stats it, libfuse 2 lists it to refuse a non-empty one, fusermount
-/// enters it) must not become a request to the mount it is about to serve, which waits for it
-/// (and may hold the directory's lock that the driver's own listing then waits for).
-fn start_driver(argv: &[OsString], outside: Option<&Path>) -> anyhow::Result<(i32, OwnedFd)> {
+/// A restarted driver that mounts by itself (`MountPoint::Hidden`) runs in a mount namespace
+/// where the mount point it will serve is not mounted: whatever it does to the mount point
+/// before it can serve (libfuse stats it, libfuse 2 lists it to refuse a non-empty one,
+/// fusermount enters it) must not become a request to the mount it is about to serve, which
+/// waits for it (and may hold the directory's lock that the driver's own listing then waits
+/// for).
+fn start_driver(
+    config: &Config,
+    argv: &[OsString],
+    mountpoint: MountPoint<'_>,
+    cgroup: Option<&DriverCgroup>,
+    log_label: Arc<Mutex<String>>,
+) -> anyhow::Result<(i32, OwnedFd, JoinHandle<()>)> {
     let (program, args) = argv.split_first().context("no driver command given")?;
     let mut command = Command::new(program);
-    command.args(args).process_group(0);
-    if let Some(mountpoint) = outside {
-        // Registered before the filter, whose pre-exec step would intercept this unmount.
+    command
+        .args(args)
+        .process_group(0)
+        .stderr(std::process::Stdio::piped());
+    let procs = cgroup.map(DriverCgroup::procs_files).unwrap_or_default();
+    let sandboxed = config.sandbox.profile != Profile::Off;
+    if let (MountPoint::Hidden(mountpoint), false) = (&mountpoint, sandboxed) {
+        // Registered before the filter, whose pre-exec step would intercept this unmount. (A
+        // sandboxed driver's own namespace is built without the mount instead.)
         spawn::outside_mount(&mut command, mountpoint)?;
     }
-    let (child, listener) = spawn::spawn_intercepted(&mut command)
+    let (sandbox, denied) = crate::sandbox::build(config, argv, mountpoint, procs)
+        .context("preparing the driver's sandbox")?;
+    let (mut child, listener) = spawn::spawn_intercepted(&mut command, &sandbox, &denied)
         .with_context(|| format!("cannot start driver `{}`", program.to_string_lossy()))?;
-    Ok((child.id() as i32, listener))
+    let stderr = child.stderr.take().context("the driver's stderr")?;
+    let logger = std::thread::Builder::new()
+        .name("driver-stderr".into())
+        .spawn(move || log_lines(stderr, &log_label))
+        .context("starting the driver's stderr logger")?;
+    Ok((child.id() as i32, listener, logger))
+}
+
+/// Logs each line the driver writes to its stderr, prefixed with `label`, until no process
+/// holds the pipe any more.
+fn log_lines(stderr: std::process::ChildStderr, label: &Mutex<String>) {
+    use std::io::BufRead;
+    let mut reader = std::io::BufReader::new(stderr);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line);
+                let label = label.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                tracing::warn!("{label}: {}", text.trim_end());
+            }
+        }
+    }
 }
 
 impl Run<'_> {
@@ -278,8 +364,11 @@ impl Run<'_> {
             proxy: &s.proxy,
             recovering,
         });
-        match intercept::handle(self.listener.as_fd(), &notif, ours) {
+        let sandboxed = self.config.sandbox.profile != Profile::Off;
+        match intercept::handle(self.listener.as_fd(), &notif, ours, sandboxed) {
             Intercepted::Mounted(mount) => {
+                *self.log_label.lock().unwrap_or_else(|e| e.into_inner()) =
+                    mount.mountpoint.display().to_string();
                 tracing::info!(
                     "mounted {} ({}) for pid {}; serving it through rebound",
                     mount.mountpoint.display(),
@@ -462,6 +551,15 @@ impl Run<'_> {
         let Some(s) = &self.served else {
             return;
         };
+        // A process the kernel killed for the memory limit shows as a death or a closed
+        // channel; name the reason.
+        let hoarding = self
+            .watch
+            .death_cause(self.cgroup.as_ref(), &self.config.limits);
+        let cause = match &hoarding {
+            Some(hoarding) => format!("{hoarding} ({cause})"),
+            None => cause.to_string(),
+        };
         if matches!(self.phase, Phase::Recovering(_)) {
             tracing::error!("the new driver failed while being restored: {cause}");
             self.restart_failed();
@@ -475,7 +573,7 @@ impl Run<'_> {
         self.board.update(|b| {
             b.state = "recovering".into();
             b.failures += 1;
-            b.last_failure = Some(cause.to_string());
+            b.last_failure = Some(cause.clone());
         });
         self.kill_driver();
     }
@@ -665,9 +763,29 @@ impl Run<'_> {
                     s.proxy
                         .check_liveness(self.config.request_timeout(), self.config.probe_timeout())
                 });
+                self.check_helper_mount();
+                let cause = cause.or_else(|| {
+                    let s = self.served.as_ref()?;
+                    let requests = s
+                        .proxy
+                        .stats
+                        .requests
+                        .load(std::sync::atomic::Ordering::Relaxed);
+                    self.watch.check(
+                        self.cgroup.as_ref(),
+                        &self.config.limits,
+                        requests,
+                        s.proxy.request_pending(),
+                    )
+                });
                 if let Some(cause) = cause {
                     self.driver_failed(&cause);
                 }
+            }
+            Phase::Recovering(Step::Reaping { deadline }) if now < *deadline => {
+                // A driver that forks as fast as it can may have made new processes since
+                // the last signal.
+                process::signal_all(Signal::KILL);
             }
             Phase::Recovering(Step::Reaping { deadline }) if now >= *deadline => {
                 tracing::warn!("processes of the failed driver do not exit; restarting anyway");
@@ -679,12 +797,24 @@ impl Run<'_> {
                 // A driver that mounts through fusermount checks its mount by using it (go-fuse
                 // opens a file in it), so it must see it; one that mounts by itself restarts
                 // where the mount point is not mounted (see `start_driver`).
-                let outside = self
+                let mountpoint = self
                     .served
                     .as_ref()
-                    .filter(|s| !s.mounted_by_helper)
-                    .map(|s| s.mountpoint.clone());
-                let (pid, listener) = start_driver(self.argv, outside.as_deref())?;
+                    .map(|s| (s.mountpoint.clone(), s.mounted_by_helper));
+                let view = match &mountpoint {
+                    Some((m, true)) => MountPoint::Visible(m),
+                    Some((m, false)) => MountPoint::Hidden(m),
+                    None => MountPoint::Unknown,
+                };
+                self.watch.driver_started(self.cgroup.as_ref());
+                let (pid, listener, logger) = start_driver(
+                    self.config,
+                    self.argv,
+                    view,
+                    self.cgroup.as_ref(),
+                    self.log_label.clone(),
+                )?;
+                self.stderr_loggers.push(logger);
                 tracing::info!("restarted driver `{}` as pid {pid}", self.driver_name);
                 self.listener = listener;
                 self.listener_open = true;
@@ -725,6 +855,52 @@ impl Run<'_> {
             _ => {}
         }
         Ok(())
+    }
+
+    /// A driver that mounted through a helper sees a copy of its mount in its own namespace
+    /// (see `intercept`), which keeps the connection alive after a user's `umount` in the
+    /// host: once the host's mount is gone, drop the copy too, so that the connection ends
+    /// and the run stops as it would without a sandbox.
+    fn check_helper_mount(&self) {
+        let Some(s) = self.served.as_ref().filter(|s| s.mounted_by_helper) else {
+            return;
+        };
+        if self.config.sandbox.profile == Profile::Off {
+            return;
+        }
+        let needle = format!(" {} ", s.mountpoint.display());
+        let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+            .map(|t| t.lines().any(|l| l.contains(&needle)))
+            .unwrap_or(true);
+        if mounted {
+            return;
+        }
+        for pid in process::descendants() {
+            let Ok(namespace) = std::fs::File::open(format!("/proc/{pid}/ns/mnt")) else {
+                continue;
+            };
+            let target = std::ffi::CString::new(s.mountpoint.as_os_str().as_encoded_bytes())
+                .unwrap_or_default();
+            match rebound_sys::sandbox::detach_in_namespace(namespace.as_fd(), &target) {
+                Ok(()) => tracing::info!(
+                    "{} was unmounted; dropped the driver's copy of it",
+                    s.mountpoint.display()
+                ),
+                Err(e) => tracing::debug!("dropping the driver's copy of the mount: {e}"),
+            }
+            return;
+        }
+    }
+
+    /// The run is over and no driver process is left: its log lines are written, its cgroup
+    /// removed.
+    fn finish(&mut self) {
+        for logger in self.stderr_loggers.drain(..) {
+            let _ = logger.join();
+        }
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.remove();
+        }
     }
 
     /// Runs the configured `pre_restart` command, bounded by the mount timeout, where the

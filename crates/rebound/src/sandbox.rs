@@ -1,0 +1,546 @@
+//! The driver's sandbox as policy: from the `[sandbox]` and `[limits]` settings and the
+//! driver's command line, what it sees (its mount namespace), what it may write, which system
+//! calls it may not make, which capabilities it keeps, its network and its rlimits.
+//!
+//! Owns: the deny lists, the profiles' views of the file system, the capability names.
+//! Must not: apply any of it (`rebound_sys::sandbox` does, between fork and exec) or make
+//! a path lookup on the driver's mount point (the mount may be waiting for this driver).
+
+use std::ffi::{CString, OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rebound_sys::sandbox::{NewRoot, Sandbox, Step, CAPABILITY_NAMES};
+
+use crate::config::{Config, Profile};
+use crate::paths::normalize;
+
+/// System calls no file-system driver needs, denied (`EPERM`) under both profiles: loading
+/// kernel code, rebooting, tracing or reading other processes, keyrings, the clock, swap,
+/// accounting, changing root or entering namespaces, mount calls other than the intercepted
+/// `mount(2)`, raw I/O ports, the kernel log.
+pub const DENIED_SYSCALLS: &[(&str, i64)] = &[
+    ("init_module", libc::SYS_init_module),
+    ("finit_module", libc::SYS_finit_module),
+    ("delete_module", libc::SYS_delete_module),
+    ("reboot", libc::SYS_reboot),
+    ("kexec_load", libc::SYS_kexec_load),
+    ("kexec_file_load", libc::SYS_kexec_file_load),
+    ("ptrace", libc::SYS_ptrace),
+    ("process_vm_readv", libc::SYS_process_vm_readv),
+    ("process_vm_writev", libc::SYS_process_vm_writev),
+    ("kcmp", libc::SYS_kcmp),
+    ("bpf", libc::SYS_bpf),
+    ("perf_event_open", libc::SYS_perf_event_open),
+    ("add_key", libc::SYS_add_key),
+    ("request_key", libc::SYS_request_key),
+    ("keyctl", libc::SYS_keyctl),
+    ("clock_settime", libc::SYS_clock_settime),
+    ("clock_adjtime", libc::SYS_clock_adjtime),
+    ("settimeofday", libc::SYS_settimeofday),
+    ("adjtimex", libc::SYS_adjtimex),
+    ("swapon", libc::SYS_swapon),
+    ("swapoff", libc::SYS_swapoff),
+    ("acct", libc::SYS_acct),
+    ("pivot_root", libc::SYS_pivot_root),
+    ("chroot", libc::SYS_chroot),
+    ("setns", libc::SYS_setns),
+    ("open_by_handle_at", libc::SYS_open_by_handle_at),
+    ("open_tree", libc::SYS_open_tree),
+    ("move_mount", libc::SYS_move_mount),
+    ("fsconfig", libc::SYS_fsconfig),
+    ("fsmount", libc::SYS_fsmount),
+    ("fspick", libc::SYS_fspick),
+    ("mount_setattr", libc::SYS_mount_setattr),
+    ("syslog", libc::SYS_syslog),
+    ("sethostname", libc::SYS_sethostname),
+    ("setdomainname", libc::SYS_setdomainname),
+    ("quotactl", libc::SYS_quotactl),
+    ("vhangup", libc::SYS_vhangup),
+    ("lookup_dcookie", libc::SYS_lookup_dcookie),
+    #[cfg(target_arch = "x86_64")]
+    ("iopl", libc::SYS_iopl),
+    #[cfg(target_arch = "x86_64")]
+    ("ioperm", libc::SYS_ioperm),
+    #[cfg(target_arch = "x86_64")]
+    ("uselib", libc::SYS_uselib),
+];
+
+/// Denied under `strict` too: new namespaces, `io_uring` (a large kernel surface no FUSE
+/// driver's protocol path needs), `userfaultfd`, NUMA page moves and `personality`.
+pub const STRICT_DENIED_SYSCALLS: &[(&str, i64)] = &[
+    ("unshare", libc::SYS_unshare),
+    ("userfaultfd", libc::SYS_userfaultfd),
+    ("io_uring_setup", libc::SYS_io_uring_setup),
+    ("io_uring_enter", libc::SYS_io_uring_enter),
+    ("io_uring_register", libc::SYS_io_uring_register),
+    ("move_pages", libc::SYS_move_pages),
+    ("migrate_pages", libc::SYS_migrate_pages),
+    ("personality", libc::SYS_personality),
+];
+
+/// Whether some profile denies the system call `name` (what `allow_syscalls` may name).
+pub fn deniable(name: &str) -> bool {
+    DENIED_SYSCALLS
+        .iter()
+        .chain(STRICT_DENIED_SYSCALLS)
+        .any(|(n, _)| *n == name)
+}
+
+/// Every name `allow_syscalls` may take, for error messages.
+pub fn deniable_names() -> String {
+    DENIED_SYSCALLS
+        .iter()
+        .chain(STRICT_DENIED_SYSCALLS)
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The number of capability `name` (`"CAP_CHOWN"`, or `"chown"`).
+pub fn capability(name: &str) -> Option<u32> {
+    let upper = name.to_ascii_uppercase();
+    let full = if upper.starts_with("CAP_") {
+        upper
+    } else {
+        format!("CAP_{upper}")
+    };
+    CAPABILITY_NAMES
+        .iter()
+        .position(|n| *n == full)
+        .map(|i| i as u32)
+}
+
+/// Where the driver's new root is assembled (in its own mount namespace only).
+const STAGE: &str = "/run/rebound-root";
+
+/// System directories visible (read-only) under `strict`.
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc", "/sys",
+];
+
+/// Device nodes visible under `strict` (`/dev` is otherwise an empty tmpfs).
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty", "fuse"];
+
+/// How the driver being started relates to the mount it serves.
+pub enum MountPoint<'a> {
+    /// A first start: the mount point is not known yet (nor mounted).
+    Unknown,
+    /// A restart where the mount point must not be mounted in the driver's view (a driver
+    /// that mounts by itself).
+    Hidden(&'a Path),
+    /// A restart where the driver must see the mount (it checks it through a helper).
+    Visible(&'a Path),
+}
+
+/// The sandbox of one driver start, and the system calls its filter denies.
+pub fn build(
+    config: &Config,
+    argv: &[OsString],
+    mountpoint: MountPoint<'_>,
+    cgroup_procs: Vec<PathBuf>,
+) -> anyhow::Result<(Sandbox, Vec<u32>)> {
+    let settings = &config.sandbox;
+    let limits = &config.limits;
+    let mut sandbox = Sandbox {
+        cgroup_procs: cgroup_procs.iter().map(|p| c_path(p)).collect(),
+        ..Sandbox::default()
+    };
+    if limits.open_files != 0 {
+        sandbox
+            .rlimits
+            .push((libc::RLIMIT_NOFILE, limits.open_files));
+    }
+    sandbox
+        .rlimits
+        .push((libc::RLIMIT_CORE, limits.core_mb.saturating_mul(1 << 20)));
+    if settings.profile == Profile::Off {
+        return Ok((sandbox, Vec::new()));
+    }
+    sandbox.new_network = !settings.network();
+    sandbox.no_new_privs = true;
+    sandbox.capabilities = Some(
+        settings
+            .capabilities
+            .iter()
+            .filter_map(|name| capability(name))
+            .fold(0u64, |bits, cap| bits | 1 << cap),
+    );
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let known = match mountpoint {
+        MountPoint::Unknown => None,
+        MountPoint::Hidden(m) | MountPoint::Visible(m) => Some(m),
+    };
+    let mut writable = settings.writable_paths.clone();
+    if settings.command_line_paths {
+        writable.extend(command_line_paths(argv, &cwd, known));
+    }
+    // The mount point is the mount's, not a path of the driver's; and a lookup in it would
+    // wait for the driver being started.
+    writable.retain(|p| known.is_none_or(|m| !p.starts_with(m)));
+    writable.sort();
+    writable.dedup();
+    let mut readable = settings.readable_paths.clone();
+    // The driver's executable, wherever it is installed.
+    readable.extend(executable(argv, &cwd));
+    readable.retain(|p| known.is_none_or(|m| !p.starts_with(m)));
+    readable.sort();
+    readable.dedup();
+
+    let stage = Path::new(STAGE);
+    std::fs::create_dir_all(stage)?;
+    let inside = |p: &Path| c_path(&stage.join(p.strip_prefix("/").unwrap_or(p)));
+    let mut steps = Vec::new();
+    match settings.profile {
+        Profile::Default => {
+            steps.push(Step::Bind {
+                source: c"/".into(),
+                target: c_path(stage),
+                recursive: true,
+            });
+            steps.push(Step::ReadOnly {
+                target: c_path(stage),
+                recursive: true,
+            });
+            for path in &writable {
+                bind(&mut steps, &inside, path, true, false);
+            }
+            let shm = Path::new("/dev/shm");
+            if shm.is_dir() {
+                steps.push(Step::Tmpfs {
+                    target: inside(shm),
+                    options: c"mode=1777,size=64m".into(),
+                });
+            }
+        }
+        Profile::Strict => {
+            steps.push(Step::Tmpfs {
+                target: c_path(stage),
+                options: c"mode=0755,size=1m".into(),
+            });
+            for dir in SYSTEM_DIRS.iter().map(Path::new) {
+                match std::fs::symlink_metadata(dir) {
+                    Ok(meta) if meta.file_type().is_symlink() => {
+                        if let Ok(target) = std::fs::read_link(dir) {
+                            steps.push(Step::Symlink {
+                                target: c_path(&target),
+                                link: inside(dir),
+                            });
+                        }
+                    }
+                    Ok(_) => {
+                        steps.push(Step::Dir(inside(dir)));
+                        steps.push(Step::Bind {
+                            source: c_path(dir),
+                            target: inside(dir),
+                            recursive: true,
+                        });
+                        steps.push(Step::ReadOnly {
+                            target: inside(dir),
+                            recursive: true,
+                        });
+                    }
+                    Err(_) => {}
+                }
+            }
+            let dev = Path::new("/dev");
+            steps.push(Step::Dir(inside(dev)));
+            steps.push(Step::Tmpfs {
+                target: inside(dev),
+                options: c"mode=0755,size=64k".into(),
+            });
+            for node in DEVICES {
+                let path = dev.join(node);
+                if path.exists() {
+                    steps.push(Step::File(inside(&path)));
+                    steps.push(Step::Bind {
+                        source: c_path(&path),
+                        target: inside(&path),
+                        recursive: false,
+                    });
+                }
+            }
+            for (link, target) in [
+                ("fd", "/proc/self/fd"),
+                ("stdin", "/proc/self/fd/0"),
+                ("stdout", "/proc/self/fd/1"),
+                ("stderr", "/proc/self/fd/2"),
+            ] {
+                steps.push(Step::Symlink {
+                    target: c_path(Path::new(target)),
+                    link: inside(&dev.join(link)),
+                });
+            }
+            for (dir, options) in [("/dev/shm", c"mode=1777,size=64m"), ("/tmp", c"mode=1777")] {
+                steps.push(Step::Dir(inside(Path::new(dir))));
+                steps.push(Step::Tmpfs {
+                    target: inside(Path::new(dir)),
+                    options: options.into(),
+                });
+            }
+            for path in &readable {
+                bind(&mut steps, &inside, path, false, true);
+            }
+            for path in &writable {
+                bind(&mut steps, &inside, path, true, true);
+            }
+            if let Some(m) = known {
+                for ancestor in ancestors(m) {
+                    steps.push(Step::Dir(inside(ancestor)));
+                }
+                if let MountPoint::Visible(m) = mountpoint {
+                    steps.push(Step::Bind {
+                        source: c_path(m),
+                        target: inside(m),
+                        recursive: true,
+                    });
+                }
+            }
+        }
+        Profile::Off => unreachable!("handled above"),
+    }
+    // Secrets root may read (the driver is still uid 0) are hidden behind /dev/null.
+    for secret in secrets() {
+        steps.push(Step::Bind {
+            source: c"/dev/null".into(),
+            target: inside(&secret),
+            recursive: false,
+        });
+    }
+    // Copies of other FUSE mounts would keep their connections alive after the host unmounts
+    // them (nothing propagates between the namespaces): drop them. The driver's own mount
+    // stays only where it must see it.
+    for fuse_mount in fuse_mounts() {
+        let keep = matches!(mountpoint, MountPoint::Visible(m) if m == fuse_mount);
+        if !keep {
+            steps.push(Step::Detach(inside(&fuse_mount)));
+        }
+    }
+    if settings.profile == Profile::Strict {
+        steps.push(Step::ReadOnly {
+            target: c_path(stage),
+            recursive: false,
+        });
+    }
+    sandbox.new_root = Some(NewRoot {
+        root: c_path(stage),
+        steps,
+        cwd: c_path(&cwd),
+    });
+
+    let mut denied: Vec<u32> = DENIED_SYSCALLS
+        .iter()
+        .chain(if settings.profile == Profile::Strict {
+            STRICT_DENIED_SYSCALLS
+        } else {
+            &[]
+        })
+        .filter(|(name, _)| !settings.allow_syscalls.iter().any(|a| a == name))
+        .map(|&(_, nr)| nr as u32)
+        .collect();
+    denied.sort_unstable();
+    denied.dedup();
+    Ok((sandbox, denied))
+}
+
+/// Binds `path` (a file or a directory; missing ones are skipped) into the new root; under
+/// `strict` (`create`) its place is made first.
+fn bind(
+    steps: &mut Vec<Step>,
+    inside: &impl Fn(&Path) -> CString,
+    path: &Path,
+    writable: bool,
+    create: bool,
+) {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return;
+    };
+    if create {
+        if let Some(parent) = path.parent() {
+            for ancestor in ancestors(parent) {
+                steps.push(Step::Dir(inside(ancestor)));
+            }
+        }
+        steps.push(if meta.is_dir() {
+            Step::Dir(inside(path))
+        } else {
+            Step::File(inside(path))
+        });
+    }
+    steps.push(Step::Bind {
+        source: c_path(path),
+        target: inside(path),
+        recursive: meta.is_dir(),
+    });
+    if !writable {
+        steps.push(Step::ReadOnly {
+            target: inside(path),
+            recursive: meta.is_dir(),
+        });
+    }
+}
+
+/// `/a`, `/a/b`, `/a/b/c` for `/a/b/c`.
+fn ancestors(path: &Path) -> Vec<&Path> {
+    let mut all: Vec<&Path> = path.ancestors().filter(|a| a.parent().is_some()).collect();
+    all.reverse();
+    all
+}
+
+/// Existing regular files and directories named on the command line, alone or as the value of
+/// an option (`-o source=/srv,IdentityFile=/k`), outside `/dev`, `/proc` and `/sys` and outside
+/// the mount point once it is known (never looked up: it may wait for this very driver).
+fn command_line_paths(argv: &[OsString], cwd: &Path, mountpoint: Option<&Path>) -> Vec<PathBuf> {
+    let mut candidates: Vec<&[u8]> = Vec::new();
+    for arg in argv.iter().skip(1) {
+        let bytes = arg.as_bytes();
+        candidates.push(bytes);
+        for option in bytes.split(|&b| b == b',') {
+            if let Some(eq) = option.iter().position(|&b| b == b'=') {
+                candidates.push(&option[eq + 1..]);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for candidate in candidates {
+        if candidate.is_empty() || candidate.starts_with(b"-") {
+            continue;
+        }
+        let path = normalize(&cwd.join(Path::new(OsStr::from_bytes(candidate))));
+        if ["/dev", "/proc", "/sys"]
+            .iter()
+            .any(|p| path.starts_with(p))
+            || path == Path::new("/")
+            || mountpoint.is_some_and(|m| path.starts_with(m))
+        {
+            continue;
+        }
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_file() || m.is_dir()) {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Files that hold the host's secrets and that no driver needs: password hashes and the SSH
+/// server's private keys.
+fn secrets() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = [
+        "/etc/shadow",
+        "/etc/shadow-",
+        "/etc/gshadow",
+        "/etc/gshadow-",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    if let Ok(dir) = std::fs::read_dir("/etc/ssh") {
+        files.extend(dir.flatten().map(|e| e.path()).filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("ssh_host_") && n.ends_with("_key"))
+        }));
+    }
+    files.retain(|f| f.is_file());
+    files
+}
+
+/// The file `argv[0]` names, found as `execvp` would (through `PATH` when it has no slash).
+fn executable(argv: &[OsString], cwd: &Path) -> Option<PathBuf> {
+    let program = Path::new(argv.first()?);
+    if program.as_os_str().as_bytes().contains(&b'/') {
+        return Some(normalize(&cwd.join(program)));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Mount points of FUSE file systems in rebound's namespace.
+fn fuse_mounts() -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let fstype = right.split_whitespace().next()?;
+            if !(fstype == "fuse" || fstype.starts_with("fuse.") || fstype == "fuseblk") {
+                return None;
+            }
+            let mountpoint = left.split_whitespace().nth(4)?;
+            Some(PathBuf::from(unescape(mountpoint)))
+        })
+        .collect()
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape(field: &str) -> OsString {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4].iter().all(u8::is_ascii_digit)
+        {
+            let code =
+                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(code);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    OsStr::from_bytes(&out).to_os_string()
+}
+
+fn c_path(path: &Path) -> CString {
+    // Paths from the OS or the config file hold no NUL byte.
+    CString::new(path.as_os_str().as_bytes()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capability_names_are_found_with_or_without_prefix() {
+        assert_eq!(capability("CAP_SYS_ADMIN"), Some(21));
+        assert_eq!(capability("chown"), Some(0));
+        assert_eq!(capability("CAP_FLY"), None);
+    }
+
+    #[test]
+    fn paths_on_the_command_line_are_found_in_options_too() {
+        let dir = std::env::temp_dir();
+        let argv: Vec<OsString> = vec![
+            "drv".into(),
+            "-o".into(),
+            format!("source={},xattr", dir.display()).into(),
+            "/dev/null".into(),
+            "/no/such/path".into(),
+        ];
+        assert_eq!(
+            command_line_paths(&argv, Path::new("/"), None),
+            vec![dir.clone()]
+        );
+        assert!(command_line_paths(&argv, Path::new("/"), Some(&dir)).is_empty());
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape("/a\\040b"), OsString::from("/a b"));
+        assert_eq!(
+            ancestors(Path::new("/a/b")),
+            [Path::new("/a"), Path::new("/a/b")]
+        );
+    }
+
+    #[test]
+    fn every_denied_call_is_known_to_the_config() {
+        assert!(deniable("reboot") && deniable("unshare") && !deniable("read"));
+    }
+}

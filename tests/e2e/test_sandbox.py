@@ -1,0 +1,256 @@
+"""Least authority and resource limits: the driver can only break itself.
+
+Owns: the proof that each driver runs its workload under the default sandbox with its filter,
+no_new_privs, no capabilities and its own mount namespace and cgroup; that a hostile driver is
+denied every forbidden thing it tries, with the host unaffected; that each kind of hoarding
+(memory, tasks, descriptors, CPU while idle, a request held) is detected, logged with its cause
+and answered by a restart the workload does not notice; that the strict profile shows the
+driver only what it needs; and that bad configuration is refused with one line naming the key.
+"""
+
+import dataclasses
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import mounts
+import workloads
+from test_isolation import Running, rebound_status
+
+pytestmark = pytest.mark.usefixtures("many_open_files")
+
+HOSTILE = Path(__file__).resolve().parents[1] / "fixtures" / "hostile_driver.py"
+DRIVERS = ["fuse2fs", "passthrough_ll", "sshfs", "gofuse"]
+
+
+def status_of(mnt):
+    found = [s for s in rebound_status() if s["mountpoint"] == str(mnt)]
+    assert found, f"no rebound run serves {mnt}"
+    return found[0]
+
+
+def proc_status(pid):
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return fields
+
+
+def assert_confined(pid, status_text=None):
+    """The process runs under rebound's filter with no_new_privs, no capabilities, in a mount
+    namespace of its own and in a rebound cgroup."""
+    fields = proc_status(pid) if status_text is None else dict(
+        (k, v.strip()) for k, _, v in (line.partition(":") for line in status_text.splitlines()))
+    assert fields["Seccomp"] == "2", fields  # SECCOMP_MODE_FILTER
+    assert fields["NoNewPrivs"] == "1", fields
+    for caps in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(fields[caps], 16) == 0, (caps, fields[caps])
+    if status_text is None:
+        assert os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+        assert "/rebound/" in cgroups, cgroups
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_default_profile_driver_works_confined(mount, driver, sshd, tree_tarball):
+    with mount(driver, "rebound", sshd=sshd if driver == "sshfs" else None,
+               image_size=256 * mounts.MiB) as m:
+        pid = status_of(m.mnt)["driver_pid"]
+        assert_confined(pid)
+        scale = workloads.scale()
+        short = dataclasses.replace(scale, model_seconds=min(scale.model_seconds, 3.0))
+        result = workloads.run("model", m.mnt, scale_=short, tarball=tree_tarball)
+        assert result.ok, result.summary()
+        # The driver's own view: it cannot write where it was given no right to. (A daemonizing
+        # driver's serving process is known once it serves.)
+        pid = status_of(m.mnt)["driver_pid"]
+        assert_confined(pid)
+        root = Path(f"/proc/{pid}/root")
+        probe = subprocess.run(["nsenter", "-t", str(pid), "-m", "sh", "-c",
+                                "touch /etc/rebound-sandbox-probe"], capture_output=True,
+                               text=True, timeout=10)
+        assert probe.returncode != 0 and "Read-only" in probe.stderr, probe
+        assert (root / "etc/shadow").read_bytes() == b"", "the host's secrets are hidden"
+
+
+def wait_for_file(path, timeout=20.0):
+    assert mounts.wait_for(path.exists, timeout), f"{path} never appeared"
+
+
+@pytest.fixture
+def victim():
+    """A process the hostile driver must not be able to touch."""
+    proc = subprocess.Popen(["sleep", "300"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_forbidden_things_are_denied_and_the_host_is_unaffected(workdir, victim):
+    state = workdir / "state"
+    state.mkdir()
+    outside = workdir / "outside.txt"
+    outside.write_text("untouched\n")
+    hostname = socket.gethostname()
+    env = dict(os.environ, HOSTILE_VICTIM=str(victim.pid), HOSTILE_OUTSIDE=str(outside))
+    r = Running(workdir, [sys.executable, str(HOSTILE), "forbidden", str(state),
+                          str(workdir / "mnt")], env=env)
+    try:
+        r.wait_mounted()
+        wait_for_file(state / "report.json")
+        report = json.loads((state / "report.json").read_text())
+        allowed = {"write_own_state"}
+        for what, err in report.items():
+            if what in allowed:
+                assert err == 0, (what, errno.errorcode.get(err, err))
+            else:
+                assert err in (errno.EPERM, errno.EACCES, errno.EROFS), \
+                    (what, errno.errorcode.get(err, err), report)
+        assert report["reboot"] == errno.EPERM and report["ptrace"] == errno.EPERM
+        assert report["write_outside"] == errno.EROFS
+        assert_confined(None, (state / "status").read_text())
+        # The host: the victim is untraced and alive, nothing was written, nothing mounted.
+        assert victim.poll() is None
+        assert proc_status(victim.pid)["TracerPid"] == "0"
+        assert outside.read_text() == "untouched\n"
+        assert not Path("/etc/rebound-hostile-test").exists()
+        assert socket.gethostname() == hostname
+        assert (state / "own").exists()
+        # The mount goes on serving, and the driver was not restarted for trying.
+        assert (r.mnt / "good").read_bytes() == b"good data\n"
+        assert status_of(r.mnt)["restarts"] == 0
+        assert "refused: a sandboxed driver mounts only its FUSE file system" in r.stderr()
+        assert "hostile_driver: serving" in r.stderr(), "driver stderr is logged"
+        assert f"{r.mnt}: hostile_driver: serving" in r.stderr(), "prefixed with the mount"
+    finally:
+        r.cleanup()
+
+
+HOARDING = {
+    # kind: (config, what the cause says)
+    "memory": ("[limits]\nmemory_mb = 128\n", "memory hoarding"),
+    "tasks": ("[limits]\ntasks = 16\n", "task hoarding"),
+    "fds": ("[limits]\nopen_files = 256\n", "descriptor leak"),
+    "spin": ("[limits]\ncpu_percent = 50\nidle_cpu_percent = 20\nidle_cpu_window_ms = 1000\n",
+             "CPU hoarding"),
+    "hold": ("request_timeout_ms = 1500\n", "hang: a request unanswered"),
+}
+
+
+@pytest.mark.parametrize("hoard", sorted(HOARDING))
+def test_hoarding_is_answered_by_a_restart(workdir, victim, hoard):
+    config, cause = HOARDING[hoard]
+    state = workdir / "state"
+    state.mkdir()
+    r = Running(workdir, [sys.executable, str(HOSTILE), hoard, str(state), str(workdir / "mnt")],
+                config="restart_backoff_ms = 0\n" + config)
+    errors = []
+    reads = [0]
+    stop = threading.Event()
+
+    def workload():
+        # Reads go on all along; spinning is only noticed while nothing is asked.
+        while not stop.is_set():
+            try:
+                if hoard == "hold":
+                    os.stat(r.mnt / "held")
+                data = (r.mnt / "good").read_bytes()
+                if data != b"good data\n":
+                    errors.append(f"read {data!r}")
+                reads[0] += 1
+            except OSError as e:
+                errors.append(repr(e))
+            stop.wait(2.0 if hoard == "spin" else 0.05)
+
+    try:
+        r.wait_mounted()
+        reader = threading.Thread(target=workload, daemon=True)
+        reader.start()
+
+        def restarted():
+            s = status_of(r.mnt)
+            return s["restarts"] >= 1 and s["state"] == "serving"
+
+        assert mounts.wait_for(restarted, 60.0), f"no restart:\n{r.stderr()}"
+        s = status_of(r.mnt)
+        assert cause in (s["last_failure"] or ""), (s, r.stderr()[-3000:])
+        assert cause in r.stderr()
+        # The restarted driver behaves and serves; the workload saw no error.
+        time.sleep(0.5)
+        before = reads[0]
+        assert mounts.wait_for(lambda: reads[0] > before, 10.0), "the workload stalled"
+        stop.set()
+        reader.join(timeout=30)
+        assert not errors, errors[:5]
+        assert (r.mnt / "good").read_bytes() == b"good data\n"
+        # Outside the driver's cgroup nothing was touched.
+        assert victim.poll() is None
+        assert r.proc.poll() is None, "rebound itself must live on"
+        pid = s["driver_pid"]
+        assert "/rebound/" in Path(f"/proc/{pid}/cgroup").read_text()
+        assert_confined(pid)
+    finally:
+        stop.set()
+        r.cleanup()
+
+
+def test_strict_profile_shows_only_what_the_driver_needs(workdir):
+    src = workdir / "src"
+    src.mkdir()
+    (src / "hello").write_text("hello\n")
+    secret = Path("/root/rebound-strict-secret")
+    r = Running(workdir, [str(mounts.fixture_bin("passthrough_ll")), "-o", f"source={src}",
+                          "-f", str(workdir / "mnt")],
+                config='[sandbox]\nprofile = "strict"\n')
+    try:
+        r.wait_mounted()
+        assert (r.mnt / "hello").read_text() == "hello\n"
+        (r.mnt / "new").write_text("written\n")
+        assert (src / "new").read_text() == "written\n"
+        pid = status_of(r.mnt)["driver_pid"]
+        assert_confined(pid)
+        seen = set(os.listdir(f"/proc/{pid}/root"))
+        assert "root" not in seen and "home" not in seen and "var" not in seen, seen
+        assert {"usr", "etc", "dev", "tmp", "proc"} <= seen, seen
+        assert not (Path(f"/proc/{pid}/root") / secret.relative_to("/")).exists()
+        assert (Path(f"/proc/{pid}/root") / "etc/shadow").read_bytes() == b""
+        assert set(os.listdir(f"/proc/{pid}/root/dev")) >= {"null", "fuse", "urandom"}
+        # No network: a namespace of its own.
+        assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+        # A restart keeps the sandbox.
+        out = subprocess.run([str(mounts.rebound_bin()), "restart", str(r.mnt)],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out
+        assert (r.mnt / "hello").read_text() == "hello\n"
+        assert_confined(status_of(r.mnt)["driver_pid"])
+    finally:
+        r.cleanup()
+
+
+@pytest.mark.parametrize("text, key", [
+    ("[sandbox]\nprofil = \"strict\"\n", "profil"),
+    ("[sandbox]\nprofile = \"lax\"\n", "sandbox.profile"),
+    ("[limits]\nmemory_mb = \"lots\"\n", "limits.memory_mb"),
+    ("[limits]\ntasks = 2\n", "limits.tasks"),
+    ("[limits]\nidle_cpu_percent = 300\n", "limits.idle_cpu_percent"),
+    ("[sandbox]\ncapabilities = [\"CAP_FLY\"]\n", "sandbox.capabilities"),
+    ("[sandbox]\nallow_syscalls = [\"read\"]\n", "sandbox.allow_syscalls"),
+    ("[sandbox]\nwritable_paths = [\"relative\"]\n", "sandbox.writable_paths"),
+])
+def test_bad_sandbox_config_is_refused_with_one_line(workdir, text, key):
+    cfg = workdir / "rebound.toml"
+    cfg.write_text(text)
+    code, out, err, _ = mounts.run_rebound(["run", "--config", str(cfg), "--", "true"],
+                                           timeout=20)
+    assert code == 2, (code, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and key in lines[0], lines
