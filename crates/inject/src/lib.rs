@@ -316,11 +316,20 @@ fn inject_leak(req: &Request) -> anyhow::Result<Vec<Injection>> {
         let len = CHUNK_MB << 20;
         let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE) as u64;
         let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
-        let r = stopped.syscall(
+        // A memory limit may kill the process part way (the OOM killer of its cgroup): that
+        // is what the leak did, not a failure to inject it.
+        let r = match stopped.syscall(
             tid,
             libc::SYS_mmap as u64,
             [0, len, prot, flags, u64::MAX, 0],
-        )?;
+        ) {
+            Ok(r) => r,
+            Err(e) if leaked > 0 => {
+                why = format!("the process stopped answering: {e:#}");
+                break;
+            }
+            Err(e) => return Err(e),
+        };
         if (-4095..0).contains(&r) {
             why = format!("mmap failed: errno {}", -r);
             break;
