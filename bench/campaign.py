@@ -52,7 +52,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent / "tests" / "e2e"))
 import mounts  # noqa: E402  (tests/e2e/mounts.py)
-from recovery import load, percentile  # noqa: E402  (bench/recovery.py)
+from recovery import latency_cdf, load, percentile  # noqa: E402  (bench/recovery.py)
 from run import REBOUND, REPO  # noqa: E402  (bench/run.py)
 
 DRIVERS = ("fuse2fs", "passthrough_ll", "sshfs", "gofuse")
@@ -588,18 +588,10 @@ def plot(rows, out):
     fig.tight_layout()
     fig.savefig(out / "campaign-latest-failures.png", dpi=100)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for driver in drivers:
-        lat = sorted(x for r in rows if r["driver"] == driver and r.get("mode") == "rebound"
-                     for x in r.get("recovery_ms") or [])
-        if lat:
-            ax.step(lat, [(k + 1) / len(lat) for k in range(len(lat))], where="post",
-                    label=f"{driver} (n={len(lat)}, median {percentile(lat, 50):.1f} ms)")
-    ax.set_xscale("log")
-    ax.set_xlabel("recovery latency, failure detected to first request served (ms)")
-    ax.set_ylabel("fraction of recoveries")
-    ax.set_ylim(0, 1.02)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.set_title("rebound: recovery latency in the fault-injection campaign")
+    latency_cdf(ax, [(driver, [x for r in rows
+                               if r["driver"] == driver and r.get("mode") == "rebound"
+                               for x in r.get("recovery_ms") or []]) for driver in drivers],
+                "rebound: recovery latency in the fault-injection campaign")
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(out / "campaign-latest-latency.png", dpi=100)

@@ -409,25 +409,29 @@ def render(metas, rows, command, png=None):
     return text
 
 
-def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.8))
-    for r in rows:
-        lat = sorted(r.get("recovery_ms") or [])
+def latency_cdf(ax, series, title):
+    """Draws on ax one CDF of recovery latency per (label, latencies in ms) of series."""
+    for label, lat in series:
+        lat = sorted(lat)
         if not lat:
             continue
-        ys = [(k + 1) / len(lat) for k in range(len(lat))]
-        ax.step(lat, ys, where="post",
-                label=f"{LABELS.get(r['driver'], r['driver'])} (median "
-                      f"{percentile(lat, 50):.1f} ms)")
+        ax.step(lat, [(k + 1) / len(lat) for k in range(len(lat))], where="post",
+                label=f"{label} (n={len(lat)}, median {percentile(lat, 50):.1f} ms)")
     ax.set_xscale("log")
     ax.set_xlabel("recovery latency, failure detected to first request served (ms)")
     ax.set_ylabel("fraction of recoveries")
     ax.set_ylim(0, 1.02)
     ax.grid(True, which="both", alpha=0.3)
-    ax.set_title("rebound: recovery latency after SIGKILL of the driver")
+    ax.set_title(title)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    latency_cdf(ax, [(LABELS.get(r["driver"], r["driver"]), r.get("recovery_ms") or [])
+                     for r in rows], "rebound: recovery latency after SIGKILL of the driver")
     # Below the axes: inside, it would hide the curves at one end or the other.
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
     fig.tight_layout()
