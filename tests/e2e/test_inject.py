@@ -67,15 +67,7 @@ EXPECTED = {
 }
 
 
-# Known bug: under rebound's default memory limit (1024 MiB), the leak's injected mmap does not
-# return to the injector once the driver's cgroup is at its limit, so `rebound inject` hangs
-# and the trial is not injected. Not strict: it reports XPASS once fixed.
-LEAK_UNDER_LIMIT = pytest.mark.xfail(
-    reason="rebound inject hangs when the driver's cgroup is at its memory limit", strict=False)
-
-
-@pytest.mark.parametrize("fault", [pytest.param(t, marks=LEAK_UNDER_LIMIT) if t == "leak" else t
-                                   for t in campaign.TYPES])
+@pytest.mark.parametrize("fault", campaign.TYPES)
 def test_one_trial_of_each_type_is_classified(rebound_bin, fault):
     seed = campaign.trial_seed(1, DRIVER, fault, 0)
     direct = campaign.run_mode(DRIVER, "direct", fault, seed, 5, None)

@@ -166,7 +166,11 @@ impl Stopped {
             ptrace::setregs(pid, r)?;
             ptrace::step(pid, None)?;
             loop {
-                match waitpid(pid, Some(WaitPidFlag::__WALL))? {
+                match waitpid(pid, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG))? {
+                    // A thread killed while traced (the OOM killer of its cgroup, a restart)
+                    // may never report another stop: its process is gone for this purpose.
+                    WaitStatus::StillAlive if being_killed(tid) => return Err(Errno::ESRCH),
+                    WaitStatus::StillAlive => std::thread::sleep(Duration::from_millis(1)),
                     WaitStatus::Stopped(_, Signal::SIGTRAP) => break,
                     // Another signal arrived first: keep it for detach, go on stepping.
                     WaitStatus::Stopped(_, sig) => {
@@ -201,4 +205,22 @@ impl Drop for Stopped {
             // (`rebound inject` exits right after).
         }
     }
+}
+
+/// Whether thread `tid` is gone or has SIGKILL pending (its own or its process's).
+fn being_killed(tid: i32) -> bool {
+    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
+        return true;
+    };
+    status.lines().any(|line| {
+        let pending = line
+            .strip_prefix("SigPnd:")
+            .or_else(|| line.strip_prefix("ShdPnd:"));
+        pending
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .is_some_and(|mask| mask & SIGKILL_BIT != 0)
+    }) || status
+        .lines()
+        .any(|l| l.starts_with("State:") && (l.contains('Z') || l.contains('X')))
 }
