@@ -1083,14 +1083,10 @@ fn corrupt_in_transit<'m>(stats: &ProxyStats, msg: &'m mut [u8]) -> &'m mut [u8]
     if armed.is_err() {
         return msg;
     }
-    // SplitMix64 over the seed and the message count, so one seed gives one sequence.
-    let mut z = stats
-        .corrupt_seed
-        .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
-        .wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
+    // The injector's generator, stepped once per corrupted message, so one seed gives one
+    // sequence.
+    let state = stats.corrupt_seed.fetch_add(1, Ordering::Relaxed);
+    let z = rebound_inject::rng::Rng::new(state).next_u64();
     let bit = (z % (size::OUT_HEADER as u64 * 8)) as usize;
     msg[bit / 8] ^= 1 << (bit % 8);
     let len = msg.len();
