@@ -202,8 +202,33 @@ class Chaos:
         if self._thread.is_alive():
             self._problem("the chaos thread did not stop")
         if self.final is None and not self._gave_up:
+            probe = self._touch_if_hung()
             self.final = self._wait_recovered("after the last injection")
+            if probe is not None:
+                probe.join(timeout=STATUS_TIMEOUT)
         return self.injected
+
+    def _touch_if_hung(self):
+        """When the last injection stopped the driver as the workload ended, no request may
+        be waiting on it, and a deadline only fires on a waiting request: an idle, stopped
+        driver is found out by the next application that uses the mount. Plays that
+        application: looks up a name that does not exist (never cached), in a thread, since
+        it waits for the deadline. Returns the thread, or None when the last injection was
+        not a hang."""
+        if not self.injections or self.injections[-1][1] != "hang":
+            return None
+
+        def look_up():
+            try:
+                os.stat(os.path.join(self.mnt, f".chaos-probe-{os.getpid()}-{self.injected}"))
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                self._problem(f"the look-up after the last hang failed: {e!r}")
+
+        probe = threading.Thread(target=look_up, name="chaos-probe", daemon=True)
+        probe.start()
+        return probe
 
     def describe(self):
         kinds = collections.Counter(kind for _, kind, _, _ in self.injections)
