@@ -571,6 +571,12 @@ class Mount:
             abort_connection(conn)
         umount(self.mnt)
         kill_all(list(self.leftover_processes()))
+        keep = os.environ.get("REBOUND_E2E_KEEP_LOGS")
+        if keep:  # for debugging: what rebound or the driver wrote outlives the mount
+            for name in ("stdout", "stderr"):
+                if (self.work / name).exists():
+                    Path(keep).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(self.work / name, Path(keep) / f"{self.work.name}.{name}")
         remove_workdir(self.work)
 
 
