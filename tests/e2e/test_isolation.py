@@ -2,7 +2,8 @@
 
 Owns: the rogue driver scenarios (every malformed reply is refused before the kernel sees it
 and counts as a driver failure; a request that keeps getting bad replies fails alone with EIO,
-and the mount goes on serving) and the death of a driver while it serves (restarted; or, with
+and the mount goes on serving), second opinions (an error no working driver gives is asked
+again of a restarted driver) and the death of a driver while it serves (restarted; or, with
 no restarts allowed, rebound leaves no mount and no process behind).
 """
 
@@ -93,7 +94,8 @@ def running(workdir, rebound_bin):
 def test_malformed_replies_are_refused_and_the_mount_goes_on(running):
     r = running(lambda mnt: [sys.executable, str(ROGUE), str(mnt)],
                 config="restart_budget = 50\nrestart_backoff_ms = 0\n")
-    assert sorted(os.listdir(r.mnt)) == sorted(BAD_NAMES + ("good", "long-read"))
+    assert sorted(os.listdir(r.mnt)) == sorted(BAD_NAMES + ("good", "long-read", "flaky",
+                                                             "broken"))
     for name in BAD_NAMES:
         # Directly mounted, "bad-error" leaves the caller waiting forever. Behind rebound a
         # bad reply never reaches the kernel: the driver is restarted and asked again, and a
@@ -117,6 +119,57 @@ def test_malformed_replies_are_refused_and_the_mount_goes_on(running):
     r.proc.send_signal(signal.SIGTERM)
     assert r.proc.wait(timeout=mounts.STOP_TIMEOUT) == 0, r.stderr()
     assert not mounts.is_mounted(r.mnt)
+
+
+def mount_status(r):
+    status = [s for s in rebound_status() if s["mountpoint"] == str(r.mnt)]
+    assert status, "no status for the mount"
+    return status[0]
+
+
+def settled_status(r, restarts):
+    """The mount's status once it serves again after `restarts` restarts (bounded wait)."""
+    status = mounts.wait_for(
+        lambda: (s if (s := mount_status(r))["state"] == "serving" and s["restarts"] >= restarts
+                 else None), 10)
+    assert status is not None, f"not serving after {restarts} restarts: {mount_status(r)}"
+    return status
+
+
+def test_an_error_no_working_driver_gives_is_asked_again_of_a_restarted_driver(running,
+                                                                                 workdir):
+    state = workdir / "state"
+    state.mkdir()
+    r = running(lambda mnt: [sys.executable, str(ROGUE), str(mnt), str(state)],
+                config="restart_backoff_ms = 0\n")
+    # EFAULT from a LOOKUP is the driver failing: a restarted driver is asked, and its answer
+    # is what the application gets.
+    assert errno_of("stat", r.mnt / "flaky") == 0
+    assert (state / "flaky-failed").exists(), "the first driver did not answer EFAULT"
+    status = settled_status(r, 1)
+    assert (status["second_opinions"], status["second_opinions_confirmed"]) == (1, 0), status
+    assert "EFAULT" in r.stderr() or "Bad address" in r.stderr(), r.stderr()
+    # An error the restarted driver gives too is real: forwarded.
+    assert errno_of("stat", r.mnt / "broken") == errno.EIO
+    status = settled_status(r, 2)
+    assert (status["second_opinions"], status["second_opinions_confirmed"]) == (2, 1), status
+    # And for a while (second_opinion_cooldown_ms), such errors go through without a restart.
+    assert errno_of("stat", r.mnt / "broken") == errno.EIO
+    status = mount_status(r)
+    assert (status["restarts"], status["second_opinions"]) == (2, 2), status
+    # Normal errors never cost a restart.
+    assert errno_of("stat", r.mnt / "no-such-name") == errno.ENOENT
+    assert mount_status(r)["restarts"] == 2
+
+
+def test_with_second_opinions_off_a_drivers_error_goes_through(running, workdir):
+    state = workdir / "state"
+    state.mkdir()
+    r = running(lambda mnt: [sys.executable, str(ROGUE), str(mnt), str(state)],
+                config="second_opinion = false\n")
+    assert errno_of("stat", r.mnt / "flaky") == errno.EFAULT
+    status = mount_status(r)
+    assert (status["restarts"], status["second_opinions"]) == (0, 0), status
 
 
 def driver_daemons(r):

@@ -3,7 +3,8 @@
 //! Owns: the ABI ([`abi`]), parsing requests from the kernel ([`request`]), checking
 //! messages from the driver before they are forwarded ([`reply`]), decoding what a request
 //! changes in the objects the kernel holds ([`change`]), and locating in any message the node
-//! ids and file handles that a driver restart renumbers ([`ids`]).
+//! ids and file handles that a driver restart renumbers ([`ids`]), and which error replies
+//! suggest a failing driver ([`suspect`]).
 //! Must not: use `unsafe`, panic on any input, or do I/O. Everything here is pure functions on
 //! byte slices, so it can be unit-tested and fuzzed without a mount.
 
@@ -12,12 +13,14 @@ pub mod change;
 pub mod ids;
 pub mod reply;
 pub mod request;
+pub mod suspect;
 
 pub use abi::{InHeader, NotifyCode, Opcode, OutHeader};
 pub use change::Change;
 pub use ids::{IdField, IdFields};
 pub use reply::{error_reply, fix_init_reply, DriverMessage, InitReply};
 pub use request::{mask_init_request, ReplyShape, Request};
+pub use suspect::is_suspect_error;
 
 /// Why a message was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -46,6 +46,13 @@ pub struct Config {
     pub redo_log: bool,
     /// How often the driver is checkpointed when `redo_log` is on.
     pub checkpoint_interval_ms: u64,
+    /// When the driver answers with an error no working driver gives for that request (a
+    /// LOOKUP failing with EFAULT, an UNLINK with ENOSPC, any EIO), restart it and ask the new
+    /// one; its answer stands. Damaged code that does not crash is caught this way.
+    pub second_opinion: bool,
+    /// After a restarted driver gave the same error, errors are forwarded without a second
+    /// opinion for this long: they are real (a failing disk or network).
+    pub second_opinion_cooldown_ms: u64,
     /// What the driver may see and do.
     pub sandbox: SandboxConfig,
     /// What the driver may consume, and when hoarding means it must be restarted.
@@ -177,6 +184,8 @@ impl Default for Config {
             pre_restart: Vec::new(),
             redo_log: false,
             checkpoint_interval_ms: 1_000,
+            second_opinion: true,
+            second_opinion_cooldown_ms: 60_000,
             sandbox: SandboxConfig::default(),
             limits: Limits::default(),
         }
@@ -335,6 +344,12 @@ impl Limits {
 impl Config {
     pub fn checkpoint_interval(&self) -> Duration {
         Duration::from_millis(self.checkpoint_interval_ms)
+    }
+
+    /// `None` when second opinions are off.
+    pub fn second_opinion_cooldown(&self) -> Option<Duration> {
+        self.second_opinion
+            .then(|| Duration::from_millis(self.second_opinion_cooldown_ms))
     }
 
     pub fn request_timeout(&self) -> Duration {

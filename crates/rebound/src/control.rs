@@ -71,6 +71,12 @@ pub struct MountStatus {
     pub rebound_pid: u32,
     pub requests: u64,
     pub refused_replies: u64,
+    /// Error replies held back for a restarted driver's second opinion, and how many of
+    /// those it confirmed (they were then forwarded).
+    #[serde(default)]
+    pub second_opinions: u64,
+    #[serde(default)]
+    pub second_opinions_confirmed: u64,
     pub nodes: usize,
     pub open_handles: usize,
 }
@@ -150,6 +156,8 @@ impl StatusBoard {
         if let Some(c) = &*self.counters.lock().unwrap_or_else(|e| e.into_inner()) {
             status.requests = c.stats.requests.load(Relaxed);
             status.refused_replies = c.stats.refused.load(Relaxed);
+            status.second_opinions = c.stats.doubted.load(Relaxed);
+            status.second_opinions_confirmed = c.stats.doubts_confirmed.load(Relaxed);
             status.lost_objects = c.stats.lost_objects.load(Relaxed);
             (status.nodes, status.open_handles) = (c.held)();
         }

@@ -89,6 +89,9 @@ pub struct Inflight {
     /// or answered it with garbage). A request that keeps failing drivers is the likely
     /// cause, and is failed alone instead of taking every restart of the budget.
     pub failures: u8,
+    /// Its error reply looked like the driver failing, and it was sent again to a restarted
+    /// driver for a second opinion; that one's answer stands.
+    pub doubted: bool,
 }
 
 /// The requests in flight, keyed by the kernel's `unique`.
@@ -184,6 +187,7 @@ mod tests {
             },
             sent: sent.map(|g| (g, Instant::now())),
             failures: 0,
+            doubted: false,
         }
     }
 

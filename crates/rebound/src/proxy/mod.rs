@@ -106,6 +106,10 @@ pub struct ProxyStats {
     /// replies to corrupt before they are checked, and the seed that says how.
     pub corrupt_next: AtomicU64,
     pub corrupt_seed: AtomicU64,
+    /// Error replies held back and asked of a restarted driver (a second opinion).
+    pub doubted: AtomicU64,
+    /// Of those, the ones a restarted driver answered with an error too.
+    pub doubts_confirmed: AtomicU64,
 }
 
 /// The channel pair a driver gets in place of `/dev/fuse`: rebound's end and the driver's.
@@ -180,6 +184,19 @@ pub struct ProxyOptions {
     pub checkpoint_interval: Option<Duration>,
     /// How long a checkpoint may wait for the driver.
     pub checkpoint_timeout: Duration,
+    /// Ask a restarted driver again when an error reply suggests the driver is failing (see
+    /// [`fuse_wire::suspect`]), except for this long after a restarted driver confirmed one.
+    /// `None`: forward every well-formed error.
+    pub second_opinion_cooldown: Option<Duration>,
+}
+
+/// When an error reply goes to a restarted driver for a second opinion.
+struct SecondOpinions {
+    /// After a restarted driver gave the same answer, none is doubted for this long: the
+    /// errors are real (a failing disk or network), and restarts would not help.
+    cooldown: Duration,
+    /// When a restarted driver last confirmed a doubted error.
+    confirmed: Mutex<Option<Instant>>,
 }
 
 /// A running proxy between one kernel connection and a driver.
@@ -220,6 +237,7 @@ struct Shared {
     lookup_timeout_ms: AtomicU64,
     /// The changes acknowledged since the last checkpoint, if kept.
     redo: Option<Mutex<tracker::RedoLog>>,
+    second_opinions: Option<SecondOpinions>,
 }
 
 const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
@@ -385,6 +403,12 @@ impl Proxy {
             redo: options
                 .checkpoint_interval
                 .map(|_| Mutex::new(tracker::RedoLog::default())),
+            second_opinions: options
+                .second_opinion_cooldown
+                .map(|cooldown| SecondOpinions {
+                    cooldown,
+                    confirmed: Mutex::new(None),
+                }),
         });
         // The threads run for as long as rebound does: they end when either side closes.
         for queue in 0..shared.queues.len() {
@@ -829,6 +853,7 @@ fn inflight_entry(
         request,
         sent,
         failures: 0,
+        doubted: false,
     }
 }
 
@@ -1214,6 +1239,11 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
         return None;
     }
     shared.stats.replies.fetch_add(1, Ordering::Relaxed);
+    let request = if error != 0 {
+        doubt(shared, generation, unique, request, error.saturating_neg())?
+    } else {
+        request
+    };
     let body = &mut msg[size::OUT_HEADER..];
     if error == 0 {
         // Committed before the kernel sees the reply, so that a FORGET the reply makes
@@ -1338,6 +1368,11 @@ fn refuse(shared: &Shared, generation: u64, request: Option<(u64, Inflight)>, wh
         request.sent = None;
         shared.inflight.insert(unique, request);
     }
+    report_misbehaviour(shared, generation, why);
+}
+
+/// Asks for a restart of driver `generation` (once), giving `why`.
+fn report_misbehaviour(shared: &Shared, generation: u64, why: &str) {
     if shared
         .misbehaviour_reported
         .swap(generation + 1, Ordering::Relaxed)
@@ -1349,6 +1384,56 @@ fn refuse(shared: &Shared, generation: u64, request: Option<(u64, Inflight)>, wh
             .unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
         shared.report(ProxyEvent::DriverMisbehaved);
     }
+}
+
+/// Decides about a well-formed error reply of driver `generation` to `request`: when the
+/// error suggests the driver is failing ([`fuse_wire::is_suspect_error`]), the request waits
+/// for a restarted driver, which answers it in its turn (as a request in flight at a crash:
+/// what already happened is settled, not done twice), and `None` is returned. Otherwise, and
+/// for the restarted driver's answer, the request is given back for the reply to be
+/// forwarded.
+fn doubt(
+    shared: &Shared,
+    generation: u64,
+    unique: u64,
+    mut request: Inflight,
+    errno: i32,
+) -> Option<Inflight> {
+    let (Some(policy), Some(op)) = (&shared.second_opinions, Opcode::from_raw(request.opcode))
+    else {
+        return Some(request);
+    };
+    if !fuse_wire::is_suspect_error(op, errno) {
+        return Some(request);
+    }
+    let error = io::Error::from_raw_os_error(errno);
+    let mut confirmed = policy.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+    if request.doubted {
+        *confirmed = Some(Instant::now());
+        shared
+            .stats
+            .doubts_confirmed
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            "a restarted driver answered {op:?} request {unique} with \"{error}\" too: \
+             forwarded; no second opinions for {} s",
+            policy.cooldown.as_secs()
+        );
+        return Some(request);
+    }
+    if confirmed.is_some_and(|at| at.elapsed() < policy.cooldown) {
+        return Some(request);
+    }
+    drop(confirmed);
+    request.doubted = true;
+    shared.inflight.insert(unique, request);
+    shared.stats.doubted.fetch_add(1, Ordering::Relaxed);
+    report_misbehaviour(
+        shared,
+        generation,
+        &format!("answered {op:?} request {unique} with \"{error}\"; asking a restarted driver"),
+    );
+    None
 }
 
 /// Answers a request with success and no data, in the driver's place.

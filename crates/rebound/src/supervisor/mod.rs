@@ -382,6 +382,7 @@ impl Run<'_> {
                         .redo_log
                         .then(|| self.config.checkpoint_interval()),
                     checkpoint_timeout: self.config.probe_timeout(),
+                    second_opinion_cooldown: self.config.second_opinion_cooldown(),
                 };
                 let proxy = Proxy::start(mount.kernel, mount.channel, tx, options)
                     .context("starting the proxy")?;
