@@ -16,6 +16,11 @@ faults=${FAULTS:-5}
 seed=${SEED:-1}
 out=bench/results
 cargo build --quiet --release
+# The campaign runs the binary of this commit even if target/ is rebuilt meanwhile.
+snapshot=$(mktemp -d /tmp/rebound-campaign-bin.XXXXXX)
+trap 'rm -rf "$snapshot"' EXIT
+cp target/release/rebound "$snapshot/rebound"
+export REBOUND_BIN="$snapshot/rebound"
 flock /tmp/rebound-e2e.lock tests/setup.sh
 files=()
 for d in $drivers; do

@@ -15,8 +15,10 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -95,13 +97,41 @@ def victim():
     proc.wait()
 
 
-def test_forbidden_things_are_denied_and_the_host_is_unaffected(workdir, victim):
+@pytest.fixture
+def host_things(workdir):
+    """What the host has that a default-profile driver must not touch although the host's
+    tree is visible to it: a file outside /tmp (/tmp is the driver's own), a disk (a loop
+    device over a scratch file) and a listening socket in /run."""
+    outside_dir = Path(tempfile.mkdtemp(prefix="rebound-hostile-", dir="/var/tmp"))
+    outside = outside_dir / "outside.txt"
+    outside.write_text("untouched\n")
+    backing = workdir / "disk.img"
+    backing.write_bytes(b"\0" * (1 << 20))
+    disk = subprocess.run(["losetup", "--find", "--show", str(backing)], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock_path = f"/run/rebound-hostile-{os.getpid()}.sock"
+    listener.bind(sock_path)
+    listener.listen(1)
+    listener.setblocking(False)
+    try:
+        yield types.SimpleNamespace(outside=outside, disk=disk, listener=listener,
+                                    sock_path=sock_path)
+    finally:
+        listener.close()
+        os.unlink(sock_path)
+        subprocess.run(["losetup", "-d", disk], check=False)
+        outside.unlink()
+        outside_dir.rmdir()
+
+
+def test_forbidden_things_are_denied_and_the_host_is_unaffected(workdir, victim, host_things):
     state = workdir / "state"
     state.mkdir()
-    outside = workdir / "outside.txt"
-    outside.write_text("untouched\n")
+    host = host_things
     hostname = socket.gethostname()
-    env = dict(os.environ, HOSTILE_VICTIM=str(victim.pid), HOSTILE_OUTSIDE=str(outside))
+    env = dict(os.environ, HOSTILE_VICTIM=str(victim.pid), HOSTILE_OUTSIDE=str(host.outside),
+               HOSTILE_DISK=host.disk, HOSTILE_SOCKET=host.sock_path)
     r = Running(workdir, [sys.executable, str(HOSTILE), "forbidden", str(state),
                           str(workdir / "mnt")], env=env)
     try:
@@ -109,19 +139,26 @@ def test_forbidden_things_are_denied_and_the_host_is_unaffected(workdir, victim)
         wait_for_file(state / "report.json")
         report = json.loads((state / "report.json").read_text())
         allowed = {"write_own_state"}
+        hidden = {"write_disk", "connect_host_socket"}  # not there at all in its view
         for what, err in report.items():
             if what in allowed:
                 assert err == 0, (what, errno.errorcode.get(err, err))
+            elif what in hidden:
+                assert err == errno.ENOENT, (what, errno.errorcode.get(err, err), report)
             else:
                 assert err in (errno.EPERM, errno.EACCES, errno.EROFS), \
                     (what, errno.errorcode.get(err, err), report)
         assert report["reboot"] == errno.EPERM and report["ptrace"] == errno.EPERM
         assert report["write_outside"] == errno.EROFS
+        with open(host.disk, "rb") as disk:
+            assert disk.read(1 << 20) == b"\0" * (1 << 20), "the disk was written"
+        with pytest.raises(BlockingIOError):
+            host.listener.accept()
         assert_confined(None, (state / "status").read_text())
         # The host: the victim is untraced and alive, nothing was written, nothing mounted.
         assert victim.poll() is None
         assert proc_status(victim.pid)["TracerPid"] == "0"
-        assert outside.read_text() == "untouched\n"
+        assert host.outside.read_text() == "untouched\n"
         assert not Path("/etc/rebound-hostile-test").exists()
         assert socket.gethostname() == hostname
         assert (state / "own").exists()

@@ -8,6 +8,7 @@
 
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use rebound_sys::sandbox::{NewRoot, Sandbox, Step, CAPABILITY_NAMES};
@@ -119,8 +120,17 @@ const SYSTEM_DIRS: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc", "/sys",
 ];
 
-/// Device nodes visible under `strict` (`/dev` is otherwise an empty tmpfs).
+/// Device nodes visible to the driver (its `/dev` is otherwise an empty tmpfs; devices named
+/// on its command line are added).
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty", "fuse"];
+
+/// Directories the driver gets its own of under both profiles: `/dev` (with [`DEVICES`]), and
+/// empty `/dev/shm`, `/run` and `/tmp`.
+const PRIVATE_DIRS: &[&str] = &["/dev", "/run", "/tmp"];
+
+/// Directories of `/run` the resolver's configuration lives in (`/etc/resolv.conf` links
+/// there on hosts with systemd-resolved or resolvconf): a network driver needs them.
+const RESOLVER_DIRS: &[&str] = &["/run/systemd/resolve", "/run/resolvconf"];
 
 /// How the driver being started relates to the mount it serves.
 pub enum MountPoint<'a> {
@@ -202,15 +212,15 @@ pub fn build(
                 target: c_path(stage),
                 recursive: true,
             });
-            for path in &writable {
-                bind(&mut steps, &inside, path, true, false);
+            // What a read-only view does not protect is replaced: device nodes (a read-only
+            // mount does not stop a write to a disk), and /run and /tmp with the host's
+            // sockets (the system bus, container runtimes: uid 0 is root to them).
+            private_dirs(&mut steps, &inside);
+            for path in readable.iter().filter(|p| is_private(p)) {
+                bind(&mut steps, &inside, path, false, true);
             }
-            let shm = Path::new("/dev/shm");
-            if shm.is_dir() {
-                steps.push(Step::Tmpfs {
-                    target: inside(shm),
-                    options: c"mode=1777,size=64m".into(),
-                });
+            for path in &writable {
+                bind(&mut steps, &inside, path, true, is_private(path));
             }
         }
         Profile::Strict => {
@@ -243,61 +253,29 @@ pub fn build(
                     Err(_) => {}
                 }
             }
-            let dev = Path::new("/dev");
-            steps.push(Step::Dir(inside(dev)));
-            steps.push(Step::Tmpfs {
-                target: inside(dev),
-                options: c"mode=0755,size=64k".into(),
-            });
-            for node in DEVICES {
-                let path = dev.join(node);
-                if path.exists() {
-                    steps.push(Step::File(inside(&path)));
-                    steps.push(Step::Bind {
-                        source: c_path(&path),
-                        target: inside(&path),
-                        recursive: false,
-                    });
-                }
-            }
-            for (link, target) in [
-                ("fd", "/proc/self/fd"),
-                ("stdin", "/proc/self/fd/0"),
-                ("stdout", "/proc/self/fd/1"),
-                ("stderr", "/proc/self/fd/2"),
-            ] {
-                steps.push(Step::Symlink {
-                    target: c_path(Path::new(target)),
-                    link: inside(&dev.join(link)),
-                });
-            }
-            for (dir, options) in [("/dev/shm", c"mode=1777,size=64m"), ("/tmp", c"mode=1777")] {
-                steps.push(Step::Dir(inside(Path::new(dir))));
-                steps.push(Step::Tmpfs {
-                    target: inside(Path::new(dir)),
-                    options: options.into(),
-                });
-            }
+            private_dirs(&mut steps, &inside);
             for path in &readable {
                 bind(&mut steps, &inside, path, false, true);
             }
             for path in &writable {
                 bind(&mut steps, &inside, path, true, true);
             }
-            if let Some(m) = known {
-                for ancestor in ancestors(m) {
-                    steps.push(Step::Dir(inside(ancestor)));
-                }
-                if let MountPoint::Visible(m) = mountpoint {
-                    steps.push(Step::Bind {
-                        source: c_path(m),
-                        target: inside(m),
-                        recursive: true,
-                    });
-                }
-            }
         }
         Profile::Off => unreachable!("handled above"),
+    }
+    // The mount point, where the view does not have it: made, and bound when the driver
+    // must see the mount.
+    if let Some(m) = known.filter(|m| settings.profile == Profile::Strict || is_private(m)) {
+        for ancestor in ancestors(m) {
+            steps.push(Step::Dir(inside(ancestor)));
+        }
+        if let MountPoint::Visible(m) = mountpoint {
+            steps.push(Step::Bind {
+                source: c_path(m),
+                target: inside(m),
+                recursive: true,
+            });
+        }
     }
     // Secrets root may read (the driver is still uid 0) are hidden behind /dev/null.
     for secret in secrets() {
@@ -380,6 +358,57 @@ fn bind(
     }
 }
 
+/// Whether `path` lies in one of the [`PRIVATE_DIRS`].
+fn is_private(path: &Path) -> bool {
+    PRIVATE_DIRS.iter().any(|dir| path.starts_with(dir))
+}
+
+/// The driver's own `/dev`, `/dev/shm`, `/run` and `/tmp` (see [`PRIVATE_DIRS`]).
+fn private_dirs(steps: &mut Vec<Step>, inside: &impl Fn(&Path) -> CString) {
+    let dev = Path::new("/dev");
+    steps.push(Step::Dir(inside(dev)));
+    steps.push(Step::Tmpfs {
+        target: inside(dev),
+        options: c"mode=0755,size=64k".into(),
+    });
+    for node in DEVICES {
+        let path = dev.join(node);
+        if path.exists() {
+            steps.push(Step::File(inside(&path)));
+            steps.push(Step::Bind {
+                source: c_path(&path),
+                target: inside(&path),
+                recursive: false,
+            });
+        }
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        steps.push(Step::Symlink {
+            target: c_path(Path::new(target)),
+            link: inside(&dev.join(link)),
+        });
+    }
+    for (dir, options) in [
+        ("/dev/shm", c"mode=1777,size=64m"),
+        ("/run", c"mode=0755"),
+        ("/tmp", c"mode=1777"),
+    ] {
+        steps.push(Step::Dir(inside(Path::new(dir))));
+        steps.push(Step::Tmpfs {
+            target: inside(Path::new(dir)),
+            options: options.into(),
+        });
+    }
+    for dir in RESOLVER_DIRS.iter().map(Path::new) {
+        bind(steps, inside, dir, false, true);
+    }
+}
+
 /// `/a`, `/a/b`, `/a/b/c` for `/a/b/c`.
 fn ancestors(path: &Path) -> Vec<&Path> {
     let mut all: Vec<&Path> = path.ancestors().filter(|a| a.parent().is_some()).collect();
@@ -388,8 +417,8 @@ fn ancestors(path: &Path) -> Vec<&Path> {
 }
 
 /// Existing regular files and directories named on the command line, alone or as the value of
-/// an option (`-o source=/srv,IdentityFile=/k`), outside `/dev`, `/proc` and `/sys` and outside
-/// the mount point once it is known (never looked up: it may wait for this very driver).
+/// an option (`-o source=/srv,IdentityFile=/k`), outside `/dev`, `/proc` and `/sys`, and block
+/// devices; never the mount point once it is known (never looked up: it may wait for this very driver).
 fn command_line_paths(argv: &[OsString], cwd: &Path, mountpoint: Option<&Path>) -> Vec<PathBuf> {
     let mut candidates: Vec<&[u8]> = Vec::new();
     for arg in argv.iter().skip(1) {
@@ -407,15 +436,18 @@ fn command_line_paths(argv: &[OsString], cwd: &Path, mountpoint: Option<&Path>) 
             continue;
         }
         let path = normalize(&cwd.join(Path::new(OsStr::from_bytes(candidate))));
-        if ["/dev", "/proc", "/sys"]
-            .iter()
-            .any(|p| path.starts_with(p))
-            || path == Path::new("/")
-            || mountpoint.is_some_and(|m| path.starts_with(m))
-        {
+        if path == Path::new("/") || mountpoint.is_some_and(|m| path.starts_with(m)) {
             continue;
         }
-        if std::fs::metadata(&path).is_ok_and(|m| m.is_file() || m.is_dir()) {
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        // A disk the driver serves (`fuse2fs /dev/sdb1`) is its own; nothing else of /dev,
+        // /proc or /sys is.
+        let system = ["/dev", "/proc", "/sys"]
+            .iter()
+            .any(|p| path.starts_with(p));
+        if meta.file_type().is_block_device() || (!system && (meta.is_file() || meta.is_dir())) {
             out.push(path);
         }
     }
