@@ -130,6 +130,7 @@ def test_forbidden_things_are_denied_and_the_host_is_unaffected(workdir, victim,
     state.mkdir()
     host = host_things
     hostname = socket.gethostname()
+    nice_before = os.getpriority(os.PRIO_PROCESS, victim.pid)
     env = dict(os.environ, HOSTILE_VICTIM=str(victim.pid), HOSTILE_OUTSIDE=str(host.outside),
                HOSTILE_DISK=host.disk, HOSTILE_SOCKET=host.sock_path)
     r = Running(workdir, [sys.executable, str(HOSTILE), "forbidden", str(state),
@@ -138,7 +139,7 @@ def test_forbidden_things_are_denied_and_the_host_is_unaffected(workdir, victim,
         r.wait_mounted()
         wait_for_file(state / "report.json")
         report = json.loads((state / "report.json").read_text())
-        allowed = {"write_own_state"}
+        allowed = {"write_own_state", "kill_own_child"}
         hidden = {"write_disk", "connect_host_socket"}  # not there at all in its view
         for what, err in report.items():
             if what in allowed:
@@ -158,6 +159,10 @@ def test_forbidden_things_are_denied_and_the_host_is_unaffected(workdir, victim,
         # The host: the victim is untraced and alive, nothing was written, nothing mounted.
         assert victim.poll() is None
         assert proc_status(victim.pid)["TracerPid"] == "0"
+        assert os.getpriority(os.PRIO_PROCESS, victim.pid) == nice_before
+        limits = Path(f"/proc/{victim.pid}/limits").read_text()
+        assert "Max open files            64 " not in limits, limits
+        assert "is not one of its processes" in r.stderr()
         assert host.outside.read_text() == "untouched\n"
         assert not Path("/etc/rebound-hostile-test").exists()
         assert socket.gethostname() == hostname

@@ -4,8 +4,13 @@
 //! `splice(2)` of the driver's whole process tree to rebound, which performs them itself (or
 //! lets them continue) and answers in the driver's place. `fsopen(2)` fails with
 //! `ENOSYS` so that libraries fall back to `mount(2)`, and the system calls of a deny list
-//! (chosen by the caller) fail with `EPERM`. Every other system call runs untouched, so the
-//! filter costs nothing on the driver's I/O path: one filter, one program, checked in order.
+//! (chosen by the caller) fail with `EPERM`. Calls that act on another process by its pid
+//! (signals, `pidfd_open`, `prlimit64`, scheduling and priorities) go to rebound too, which
+//! lets through only those aimed at the driver's own processes: the driver runs as uid 0, and
+//! the kernel would let it signal every root process. `kill(-1)` fails at once; the driver's
+//! calls on itself (`raise`, the Go runtime's preemption signals) never leave the kernel.
+//! Every other system call runs untouched, so the filter costs nothing on the driver's I/O
+//! path: one filter, one program, checked in order.
 //!
 //! Must not: decide anything about the calls it reports.
 
@@ -102,12 +107,44 @@ struct Returns {
     eperm: usize,
 }
 
-/// Instructions of the interception part, after the header and the deny list.
+/// Instructions of the part about other processes, after the header and the deny list.
+const PROCESSES_LEN: usize = 21;
+/// Where in that part the driver's own pid goes (patched in by [`Filter::install`]).
+const OWN_PID_AT: usize = 17;
+/// Instructions of the interception part, after that.
 const INTERCEPTION_LEN: usize = 15;
+
+/// System calls whose first argument is a process (or thread) id, 0 meaning the caller.
+const ON_A_PROCESS: [i64; 11] = [
+    libc::SYS_tgkill,
+    libc::SYS_tkill,
+    libc::SYS_rt_sigqueueinfo,
+    libc::SYS_rt_tgsigqueueinfo,
+    libc::SYS_pidfd_open,
+    libc::SYS_prlimit64,
+    libc::SYS_sched_setaffinity,
+    libc::SYS_sched_setscheduler,
+    libc::SYS_sched_setparam,
+    libc::SYS_sched_setattr,
+    libc::SYS_move_pages,
+];
+
+/// System calls on other processes that rebound checks always: `pidfd_send_signal` (its
+/// descriptor may be a `/proc/PID` directory), and the priority calls, whose target is a pair.
+const ON_PROCESSES: [i64; 3] = [
+    libc::SYS_pidfd_send_signal,
+    libc::SYS_setpriority,
+    libc::SYS_ioprio_set,
+];
+
+/// Whether rebound is asked about system call `nr` when its target is another process.
+pub fn is_on_processes(nr: i64) -> bool {
+    nr == libc::SYS_kill || ON_A_PROCESS.contains(&nr) || ON_PROCESSES.contains(&nr)
+}
 
 impl Returns {
     fn for_denied(denied: usize) -> Returns {
-        let allow = 4 + denied + INTERCEPTION_LEN;
+        let allow = 4 + denied + PROCESSES_LEN + INTERCEPTION_LEN;
         Returns {
             allow,
             notify: allow + 1,
@@ -147,6 +184,40 @@ fn program(denied: &[u32]) -> Vec<libc::sock_filter> {
         let at = prog.len();
         prog.push(jump(JEQ_K, nr, rel(at, to.eperm), 0));
     }
+    // Other processes. kill(0) is the driver's own process group (it leads a session of its
+    // own), kill(-1) every process there is.
+    let at = prog.len();
+    prog.push(jump(JEQ_K, libc::SYS_kill as u32, 0, 3)); // not kill -> at + 4
+    prog.push(stmt(LD_W_ABS, arg_low(0)));
+    prog.push(jump(JEQ_K, 0, rel(at + 2, to.allow), 0));
+    prog.push(jump(
+        JEQ_K,
+        u32::MAX,
+        rel(at + 3, to.eperm),
+        rel(at + 3, to.notify),
+    ));
+    let first_arg = at + 4 + ON_A_PROCESS.len();
+    for (i, nr) in ON_A_PROCESS.iter().enumerate() {
+        let here = at + 4 + i;
+        let last = i + 1 == ON_A_PROCESS.len();
+        // The last one falls through to the calls checked always.
+        let no = if last { rel(here, first_arg + 3) } else { 0 };
+        prog.push(jump(JEQ_K, *nr as u32, rel(here, first_arg), no));
+    }
+    prog.push(stmt(LD_W_ABS, arg_low(0)));
+    prog.push(jump(JEQ_K, 0, rel(first_arg + 1, to.allow), 0));
+    prog.push(jump(
+        JEQ_K,
+        0, // the driver's own pid, patched in by `Filter::install`
+        rel(first_arg + 2, to.allow),
+        rel(first_arg + 2, to.notify),
+    ));
+    for (i, nr) in ON_PROCESSES.iter().enumerate() {
+        let here = first_arg + 3 + i;
+        prog.push(jump(JEQ_K, *nr as u32, rel(here, to.notify), 0));
+    }
+    debug_assert_eq!(prog.len(), at + PROCESSES_LEN);
+    debug_assert_eq!(first_arg + 2, at + OWN_PID_AT);
     // The interception: offsets below are relative, and the part sits just before the
     // returns, so they are the same whatever the length of the deny list.
     prog.extend_from_slice(&[
@@ -201,10 +272,14 @@ impl Filter {
         })
     }
 
-    /// Installs the filter on the calling thread and returns the listener.
+    /// Installs the filter on the calling thread, for which the process's calls on itself by
+    /// its pid are allowed, and returns the listener.
     ///
     /// Async-signal-safe: called between `fork` and `exec`, it makes system calls only.
-    pub fn install(&self) -> io::Result<OwnedFd> {
+    pub fn install(&mut self) -> io::Result<OwnedFd> {
+        // SAFETY: getpid has no arguments and cannot fail.
+        let pid = unsafe { libc::getpid() };
+        self.own_pid(pid as u32);
         let fprog = libc::sock_fprog {
             len: self.program.len() as u16,
             filter: self.program.as_ptr() as *mut libc::sock_filter,
@@ -232,6 +307,14 @@ impl Filter {
         }
         // SAFETY: the kernel just returned this new descriptor, which nothing else owns.
         Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    }
+}
+
+impl Filter {
+    /// Allows the process `pid`'s calls on itself by its pid.
+    fn own_pid(&mut self, pid: u32) {
+        let at = self.program.len() - 4 - INTERCEPTION_LEN - PROCESSES_LEN + OWN_PID_AT;
+        self.program[at].k = pid;
     }
 }
 
@@ -316,43 +399,96 @@ pub fn install_fd_as(
 mod tests {
     use super::*;
 
-    #[test]
-    fn jumps_land_on_the_intended_returns() {
-        for denied in [&[][..], &[libc::SYS_reboot as u32, libc::SYS_bpf as u32]] {
-            let prog = program(denied);
-            let n = denied.len();
-            let Returns {
-                allow,
-                notify,
-                enosys,
-                eperm,
-            } = Returns::for_denied(n);
-            let jt = |i: usize| i + 1 + prog[i].jt as usize;
-            let jf = |i: usize| i + 1 + prog[i].jf as usize;
-            assert_eq!(jf(1), enosys);
-            assert_eq!(jt(3), enosys);
-            for i in 4..4 + n {
-                assert_eq!((jt(i), jf(i)), (eperm, i + 1), "deny {i}");
-            }
-            let b = 4 + n; // first instruction of the interception part
-            assert_eq!((jt(b), jt(b + 1)), (notify, notify));
-            assert_eq!(jt(b + 2), enosys);
-            assert_eq!(jf(b + 3), b + 6);
-            assert_eq!((jt(b + 5), jf(b + 5)), (notify, allow));
-            assert_eq!(jf(b + 6), allow);
-            for i in [8, 10, 12, 14] {
-                assert_eq!(jf(b + i), allow, "offset check {i}");
-            }
-            assert_eq!(jt(b + 14), notify);
-            assert_eq!(jt(b + 8), b + 9);
-            assert_eq!(prog[allow].k, SECCOMP_RET_ALLOW);
-            assert_eq!(prog[notify].k, SECCOMP_RET_USER_NOTIF);
-            assert_eq!(prog[enosys].k, SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
-            assert_eq!(prog[eperm].k, SECCOMP_RET_ERRNO | libc::EPERM as u32);
+    const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+    const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+
+    /// Runs `prog` on one system call as the kernel would, and returns its action.
+    fn run(prog: &[libc::sock_filter], arch: u32, nr: i64, args: [i64; 6]) -> u32 {
+        let mut data = Vec::new();
+        data.extend_from_slice(&(nr as i32).to_ne_bytes());
+        data.extend_from_slice(&arch.to_ne_bytes());
+        data.extend_from_slice(&0u64.to_ne_bytes());
+        for arg in args {
+            data.extend_from_slice(&arg.to_ne_bytes());
         }
-        assert!(Filter::new(&[0; MAX_DENIED]).is_ok());
-        let longest = program(&[0; MAX_DENIED]);
-        assert!(longest.iter().all(|i| i.jt as usize + i.jf as usize <= 255));
+        let (mut a, mut pc) = (0u32, 0usize);
+        loop {
+            let ins = prog[pc];
+            let (jt, jf) = (usize::from(ins.jt), usize::from(ins.jf));
+            match ins.code {
+                LD_W_ABS => {
+                    let at = ins.k as usize;
+                    a = u32::from_ne_bytes(data[at..at + 4].try_into().unwrap());
+                    pc += 1;
+                }
+                JEQ_K => pc += 1 + if a == ins.k { jt } else { jf },
+                JGE_K => pc += 1 + if a >= ins.k { jt } else { jf },
+                RET_K => return ins.k,
+                other => panic!("unexpected instruction {other:#x} at {pc}"),
+            }
+        }
+    }
+
+    #[test]
+    fn each_call_gets_the_intended_action() {
+        let allow = SECCOMP_RET_ALLOW;
+        let notify = SECCOMP_RET_USER_NOTIF;
+        let enosys = SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+        let eperm = SECCOMP_RET_ERRNO | libc::EPERM as u32;
+        let own = 4242;
+        let longest: Vec<u32> = (1000..1000 + MAX_DENIED as u32).collect();
+        for denied in [
+            &[][..],
+            &[libc::SYS_reboot as u32, libc::SYS_bpf as u32],
+            &longest,
+        ] {
+            let mut filter = Filter::new(denied).unwrap();
+            filter.own_pid(own);
+            let call = |nr: i64, args: [i64; 6]| run(&filter.program, AUDIT_ARCH, nr, args);
+            let none = [0; 6];
+            for &nr in denied {
+                assert_eq!(call(i64::from(nr), none), eperm);
+            }
+            assert_eq!(
+                run(&filter.program, 0x4000_0003, libc::SYS_read, none),
+                enosys
+            );
+            assert_eq!(call(i64::from(X32_SYSCALL_BIT) + 1, none), enosys);
+            assert_eq!(call(libc::SYS_read, none), allow);
+            assert_eq!(call(libc::SYS_getpid, none), allow);
+            // The interception.
+            assert_eq!(call(libc::SYS_mount, none), notify);
+            assert_eq!(call(libc::SYS_umount2, none), notify);
+            assert_eq!(call(libc::SYS_fsopen, none), enosys);
+            let clone = i64::from(FUSE_DEV_IOC_CLONE);
+            assert_eq!(call(libc::SYS_ioctl, [3, clone, 0, 0, 0, 0]), notify);
+            assert_eq!(call(libc::SYS_ioctl, [3, 0x5401, 0, 0, 0, 0]), allow);
+            assert_eq!(call(libc::SYS_splice, [3, 0, 4, 0, 4096, 0]), notify);
+            assert_eq!(call(libc::SYS_splice, [3, 0x7000, 4, 0, 4096, 0]), allow);
+            assert_eq!(
+                call(libc::SYS_splice, [3, 0, 4, 0x7000 << 32, 4096, 0]),
+                allow
+            );
+            // Other processes.
+            assert_eq!(call(libc::SYS_kill, [0, 9, 0, 0, 0, 0]), allow);
+            assert_eq!(call(libc::SYS_kill, [-1, 9, 0, 0, 0, 0]), eperm);
+            assert_eq!(call(libc::SYS_kill, [77, 9, 0, 0, 0, 0]), notify);
+            assert_eq!(call(libc::SYS_kill, [-77, 9, 0, 0, 0, 0]), notify);
+            for nr in ON_A_PROCESS {
+                assert!(is_on_processes(nr));
+                assert_eq!(call(nr, [i64::from(own), 1, 0, 0, 0, 0]), allow, "{nr} own");
+                assert_eq!(call(nr, none), allow, "{nr} self");
+                assert_eq!(call(nr, [77, 1, 0, 0, 0, 0]), notify, "{nr} other");
+            }
+            for nr in ON_PROCESSES {
+                assert!(is_on_processes(nr));
+                assert_eq!(call(nr, none), notify, "{nr}");
+            }
+        }
+        assert!(Filter::new(&longest[..MAX_DENIED]).is_ok());
+        assert!(Filter::new(&[0; MAX_DENIED + 1]).is_err());
     }
 
     #[test]

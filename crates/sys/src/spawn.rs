@@ -5,8 +5,8 @@
 //! driver and everything it starts, including a setuid `fusermount3`), but its listener
 //! descriptor is needed in rebound. The child sends it back over a socket pair.
 //!
-//! Must not: decide how the driver is started (arguments, environment, process group are set
-//! by the caller on the `Command`).
+//! Must not: decide how the driver is started (arguments and environment are set by the caller
+//! on the `Command`; the driver always leads a session of its own).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -30,7 +30,7 @@ pub fn spawn_intercepted(
     denied: &[u32],
 ) -> io::Result<(Child, OwnedFd)> {
     // Both are prepared here: the child allocates nothing.
-    let filter = seccomp::Filter::new(denied)?;
+    let mut filter = seccomp::Filter::new(denied)?;
     let sandbox = sandbox.clone();
     let (ours, theirs) = socketpair(
         AddressFamily::UNIX,
@@ -45,6 +45,12 @@ pub fn spawn_intercepted(
     // `unshare` needs. `theirs_raw` stays open in the child: it is closed by CLOEXEC at exec.
     unsafe {
         command.pre_exec(move || {
+            // A session of its own: kill(0) reaches only the driver's processes, and it
+            // cannot move into a process group of rebound's session.
+            // SAFETY: setsid takes no arguments.
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
             // The sandbox first (its mounts need the capabilities it drops), the filter last:
             // it would report the sandbox's own mounts.
             sandbox.apply()?;

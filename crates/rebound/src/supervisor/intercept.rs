@@ -1,5 +1,5 @@
 //! What rebound does with a driver's `mount(2)` and `umount2(2)`, reported by the seccomp
-//! filter (see `rebound_sys::seccomp`).
+//! filter (see `rebound_sys::seccomp`); calls on other processes go to [`targets`].
 //!
 //! A FUSE mount names an open `/dev/fuse` descriptor in its options (`fd=N`). rebound opens
 //! its own `/dev/fuse`, mounts with that descriptor instead, and replaces the caller's
@@ -26,6 +26,7 @@ use rebound_sys::seccomp::{self, Notification};
 use rustix::io::Errno;
 
 use crate::proxy::{Channel, Proxy};
+use crate::supervisor::targets::{self, Verdict};
 
 /// The outcome of one intercepted system call.
 pub enum Intercepted {
@@ -80,17 +81,25 @@ pub struct Served<'a> {
 }
 
 /// Handles one notification.
-/// With `sandboxed`, mounts other than FUSE mounts are refused (`EPERM`).
+/// With `sandboxed`, mounts other than FUSE mounts are refused (`EPERM`). `is_driver(tgid)`
+/// says whether a process is the driver's (a call on another process must reach only those).
 pub fn handle(
     listener: BorrowedFd<'_>,
     notif: &Notification,
     served: Option<Served<'_>>,
     sandboxed: bool,
+    is_driver: impl Fn(i32) -> bool,
 ) -> Intercepted {
     let nr = i64::from(notif.data.nr);
     let ours = served.as_ref().map(|s| s.mountpoint);
     let recovering = served.as_ref().is_some_and(|s| s.recovering);
-    let result = if nr == seccomp::NR_MOUNT {
+    let result = if seccomp::is_on_processes(nr) {
+        match targets::verdict(notif, is_driver) {
+            Verdict::Continue => seccomp::respond_continue(listener, notif.id),
+            Verdict::Fail(errno) => seccomp::respond(listener, notif.id, -1, errno.raw_os_error()),
+        }
+        .map(|_| Intercepted::Other)
+    } else if nr == seccomp::NR_MOUNT {
         handle_mount(listener, notif, ours, recovering, sandboxed)
     } else if nr == seccomp::NR_UMOUNT2 {
         handle_umount(listener, notif, ours, recovering)

@@ -12,13 +12,13 @@
 mod hoarding;
 mod intercept;
 mod process;
+mod targets;
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -277,10 +277,7 @@ fn start_driver(
 ) -> anyhow::Result<(i32, OwnedFd, JoinHandle<()>)> {
     let (program, args) = argv.split_first().context("no driver command given")?;
     let mut command = Command::new(program);
-    command
-        .args(args)
-        .process_group(0)
-        .stderr(std::process::Stdio::piped());
+    command.args(args).stderr(std::process::Stdio::piped());
     let procs = cgroup.map(DriverCgroup::procs_files).unwrap_or_default();
     let sandboxed = config.sandbox.profile != Profile::Off;
     if let (MountPoint::Hidden(mountpoint), false) = (&mountpoint, sandboxed) {
@@ -365,7 +362,16 @@ impl Run<'_> {
             recovering,
         });
         let sandboxed = self.config.sandbox.profile != Profile::Off;
-        match intercept::handle(self.listener.as_fd(), &notif, ours, sandboxed) {
+        let driver_processes = std::cell::OnceCell::new();
+        let is_driver = |tgid: i32| {
+            driver_processes
+                .get_or_init(|| match &self.cgroup {
+                    Some(cgroup) => cgroup.processes(),
+                    None => process::descendants(),
+                })
+                .contains(&tgid)
+        };
+        match intercept::handle(self.listener.as_fd(), &notif, ours, sandboxed, is_driver) {
             Intercepted::Mounted(mount) => {
                 *self.log_label.lock().unwrap_or_else(|e| e.into_inner()) =
                     mount.mountpoint.display().to_string();
