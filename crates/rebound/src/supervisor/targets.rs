@@ -133,11 +133,15 @@ mod tests {
     use super::*;
 
     fn call(nr: i64, args: [u64; 6]) -> Notification {
-        let mut notif = Notification::default();
-        notif.pid = std::process::id();
-        notif.data.nr = nr as i32;
-        notif.data.args = args;
-        notif
+        Notification {
+            pid: std::process::id(),
+            data: rebound_sys::seccomp::SeccompData {
+                nr: nr as i32,
+                args,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
     }
 
     #[test]
