@@ -95,7 +95,7 @@ def test_malformed_replies_are_refused_and_the_mount_goes_on(running):
     r = running(lambda mnt: [sys.executable, str(ROGUE), str(mnt)],
                 config="restart_budget = 50\nrestart_backoff_ms = 0\n")
     assert sorted(os.listdir(r.mnt)) == sorted(BAD_NAMES + ("good", "long-read", "flaky",
-                                                             "broken"))
+                                                             "broken", "alias"))
     for name in BAD_NAMES:
         # Directly mounted, "bad-error" leaves the caller waiting forever. Behind rebound a
         # bad reply never reaches the kernel: the driver is restarted and asked again, and a
@@ -160,6 +160,23 @@ def test_an_error_no_working_driver_gives_is_asked_again_of_a_restarted_driver(r
     # Normal errors never cost a restart.
     assert errno_of("stat", r.mnt / "no-such-name") == errno.ENOENT
     assert mount_status(r)["restarts"] == 2
+
+
+def test_an_impossible_entry_is_asked_again_of_a_restarted_driver(running, workdir):
+    state = workdir / "state"
+    state.mkdir()
+    r = running(lambda mnt: [sys.executable, str(ROGUE), str(mnt), str(state)],
+                config="restart_backoff_ms = 0\n")
+    good = os.stat(r.mnt / "good")
+    # The first driver says "alias" is the node the kernel holds as "good", which has one
+    # link: impossible. The restarted driver's answer is what the application sees.
+    alias = os.stat(r.mnt / "alias")
+    assert (state / "alias-failed").exists(), "the first driver did not answer wrongly"
+    assert alias.st_ino != good.st_ino
+    status = settled_status(r, 1)
+    assert (status["second_opinions"], status["second_opinions_confirmed"]) == (1, 0), status
+    assert "which the kernel holds as" in r.stderr(), r.stderr()
+    assert (r.mnt / "alias").read_bytes() == b"good data\n"
 
 
 def test_with_second_opinions_off_a_drivers_error_goes_through(running, workdir):

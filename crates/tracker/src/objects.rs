@@ -18,12 +18,18 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use fuse_wire::abi::{size, ROOT_ID};
+use fuse_wire::abi::{size, EntryOut, ROOT_ID};
 use fuse_wire::change::{direntplus_entries, entry_node, open_handle};
 use fuse_wire::ids::{read_u64, IdField};
 use fuse_wire::Change;
+use fuse_wire::Opcode;
+use zerocopy::FromBytes;
 
 use crate::inflight::Patches;
+
+/// The file type bits of a mode, and a directory's.
+const S_IFMT: u32 = 0o170000;
+const S_IFDIR: u32 = 0o040000;
 
 /// A node the kernel knows, and the name it was last reached by.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -447,6 +453,47 @@ impl ObjectTable {
         self.by_driver.get(&driver).copied()
     }
 
+    /// Why the successful reply `body` to a request of `opcode` that would make `change`
+    /// cannot be right, if it cannot: a new file or directory (CREATE, MKNOD, MKDIR, SYMLINK)
+    /// comes back as a node the kernel already holds (the kernel requires node ids to be
+    /// unique while it holds them), or a LOOKUP returns a node the kernel holds under another
+    /// name although the node has only one (a directory, or a file with one link). Such
+    /// replies come from a driver whose lookups have gone wrong; a second driver may disagree.
+    pub fn impossible_entry(
+        &self,
+        opcode: Opcode,
+        change: &PendingChange,
+        body: &[u8],
+    ) -> Option<String> {
+        let (parent, name) = match change {
+            PendingChange::Entry { parent, name } | PendingChange::Create { parent, name, .. } => {
+                (*parent, name)
+            }
+            _ => return None,
+        };
+        let (entry, _) = EntryOut::read_from_prefix(body).ok()?;
+        let node = self.node_from_driver(entry.nodeid)?;
+        let shown = String::from_utf8_lossy(name);
+        match opcode {
+            Opcode::Link => None,
+            Opcode::Create | Opcode::Mknod | Opcode::Mkdir | Opcode::Symlink => Some(format!(
+                "the new entry {shown:?} is node {node}, which the kernel already holds"
+            )),
+            _ if node == ROOT_ID => Some(format!("{shown:?} is the root")),
+            _ => {
+                let (known_parent, known_name) = self.nodes.get(&node)?.name.as_ref()?;
+                let one_name = entry.attr.mode & S_IFMT == S_IFDIR || entry.attr.nlink == 1;
+                (one_name && (*known_parent, &**known_name) != (parent, &**name)).then(|| {
+                    format!(
+                        "{shown:?} is node {node}, which the kernel holds as {:?} and which has \
+                         one name",
+                        String::from_utf8_lossy(known_name)
+                    )
+                })
+            }
+        }
+    }
+
     /// The node the kernel knows as `parent/name`.
     pub fn node_named(&self, parent: u64, name: &[u8]) -> Option<u64> {
         self.names.get(&(parent, Box::from(name))).copied()
@@ -763,6 +810,65 @@ mod tests {
         let mut body = node.to_ne_bytes().to_vec();
         body.resize(128, 0);
         body
+    }
+
+    /// An entry reply for `node` whose attributes say `mode` and `nlink`.
+    fn entry_with(node: u64, mode: u32, nlink: u32) -> Vec<u8> {
+        let entry = EntryOut {
+            nodeid: node,
+            attr: fuse_wire::abi::Attr {
+                mode,
+                nlink,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        zerocopy::IntoBytes::as_bytes(&entry).to_vec()
+    }
+
+    #[test]
+    fn impossible_entries_are_told_from_possible_ones() {
+        let mut t = ObjectTable::new();
+        let a = looked_up(&mut t, ROOT_ID, b"a", 5);
+        let lookup = |name: &[u8]| PendingChange::Entry {
+            parent: ROOT_ID,
+            name: name.into(),
+        };
+        let file = 0o100644;
+        // The same name again, a new node, or a file with two links: fine.
+        assert_eq!(
+            t.impossible_entry(Opcode::Lookup, &lookup(b"a"), &entry_with(5, file, 1)),
+            None
+        );
+        assert_eq!(
+            t.impossible_entry(Opcode::Lookup, &lookup(b"b"), &entry_with(6, file, 1)),
+            None
+        );
+        assert_eq!(
+            t.impossible_entry(Opcode::Lookup, &lookup(b"b"), &entry_with(5, file, 2)),
+            None
+        );
+        assert_eq!(
+            t.impossible_entry(Opcode::Link, &lookup(b"b"), &entry_with(5, file, 2)),
+            None
+        );
+        // Another name for a file with one link, or for a directory; the root as a child.
+        let why = t.impossible_entry(Opcode::Lookup, &lookup(b"b"), &entry_with(5, file, 1));
+        assert!(why.is_some_and(|w| w.contains(&a.to_string())));
+        assert!(t
+            .impossible_entry(Opcode::Lookup, &lookup(b"b"), &entry_with(5, 0o040755, 3))
+            .is_some());
+        assert!(t
+            .impossible_entry(Opcode::Lookup, &lookup(b"b"), &entry_with(ROOT_ID, file, 1))
+            .is_some());
+        // A new directory that is a node the kernel holds.
+        assert!(t
+            .impossible_entry(Opcode::Mkdir, &lookup(b"d"), &entry_with(5, 0o040755, 2))
+            .is_some());
+        assert_eq!(
+            t.impossible_entry(Opcode::Mkdir, &lookup(b"d"), &entry_with(7, 0o040755, 2)),
+            None
+        );
     }
 
     fn open_reply(fh: u64) -> Vec<u8> {

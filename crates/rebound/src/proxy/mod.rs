@@ -19,7 +19,7 @@ mod recovery;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
@@ -197,6 +197,8 @@ struct SecondOpinions {
     cooldown: Duration,
     /// When a restarted driver last confirmed a doubted error.
     confirmed: Mutex<Option<Instant>>,
+    /// Whether the restart budget leaves room for one (see [`Proxy::allow_second_opinions`]).
+    affordable: AtomicBool,
 }
 
 /// A running proxy between one kernel connection and a driver.
@@ -408,6 +410,7 @@ impl Proxy {
                 .map(|cooldown| SecondOpinions {
                     cooldown,
                     confirmed: Mutex::new(None),
+                    affordable: AtomicBool::new(true),
                 }),
         });
         // The threads run for as long as rebound does: they end when either side closes.
@@ -587,6 +590,14 @@ impl Proxy {
             });
         }
         None
+    }
+
+    /// Whether a suspect reply may cost a restart now: the supervisor says no when the restart
+    /// budget has only one left (a suspect reply is then forwarded as it is).
+    pub fn allow_second_opinions(&self, allowed: bool) {
+        if let Some(policy) = &self.shared.second_opinions {
+            policy.affordable.store(allowed, Ordering::Relaxed);
+        }
     }
 
     /// Recovery latencies measured since the last call, in milliseconds.
@@ -1239,12 +1250,11 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
         return None;
     }
     shared.stats.replies.fetch_add(1, Ordering::Relaxed);
-    let request = if error != 0 {
-        doubt(shared, generation, unique, request, error.saturating_neg())?
-    } else {
-        request
-    };
     let body = &mut msg[size::OUT_HEADER..];
+    let request = match suspicion(shared, unique, &request, error, body) {
+        Some(why) => doubt(shared, generation, unique, request, &why)?,
+        None => request,
+    };
     if error == 0 {
         // Committed before the kernel sees the reply, so that a FORGET the reply makes
         // possible can never arrive first; the ids in the reply become the kernel's.
@@ -1386,27 +1396,55 @@ fn report_misbehaviour(shared: &Shared, generation: u64, why: &str) {
     }
 }
 
-/// Decides about a well-formed error reply of driver `generation` to `request`: when the
-/// error suggests the driver is failing ([`fuse_wire::is_suspect_error`]), the request waits
-/// for a restarted driver, which answers it in its turn (as a request in flight at a crash:
-/// what already happened is settled, not done twice), and `None` is returned. Otherwise, and
-/// for the restarted driver's answer, the request is given back for the reply to be
-/// forwarded.
+/// Why a well-formed reply to `request` looks like its driver failing rather than like an
+/// answer, if it does and second opinions are on: an error no working driver gives for that
+/// request ([`fuse_wire::is_suspect_error`]), or an entry that cannot be right
+/// ([`tracker::ObjectTable::impossible_entry`]).
+fn suspicion(
+    shared: &Shared,
+    unique: u64,
+    request: &Inflight,
+    error: i32,
+    body: &[u8],
+) -> Option<String> {
+    shared.second_opinions.as_ref()?;
+    let op = Opcode::from_raw(request.opcode)?;
+    if error != 0 {
+        let errno = error.saturating_neg();
+        return fuse_wire::is_suspect_error(op, errno).then(|| {
+            format!(
+                "answered {op:?} request {unique} with \"{}\"",
+                io::Error::from_raw_os_error(errno)
+            )
+        });
+    }
+    if !matches!(
+        request.change,
+        PendingChange::Entry { .. } | PendingChange::Create { .. }
+    ) {
+        return None;
+    }
+    shared
+        .objects()
+        .impossible_entry(op, &request.change, body)
+        .map(|why| format!("answered {op:?} request {unique}: {why}"))
+}
+
+/// Acts on a suspect reply (see [`suspicion`]) of driver `generation` to `request`: the
+/// request waits for a restarted driver, which answers it in its turn (as a request in flight
+/// at a crash: what already happened is settled, not done twice), and `None` is returned.
+/// The restarted driver's answer, and any while a confirmed suspicion cools second opinions
+/// down, is given back to be forwarded.
 fn doubt(
     shared: &Shared,
     generation: u64,
     unique: u64,
     mut request: Inflight,
-    errno: i32,
+    why: &str,
 ) -> Option<Inflight> {
-    let (Some(policy), Some(op)) = (&shared.second_opinions, Opcode::from_raw(request.opcode))
-    else {
+    let Some(policy) = &shared.second_opinions else {
         return Some(request);
     };
-    if !fuse_wire::is_suspect_error(op, errno) {
-        return Some(request);
-    }
-    let error = io::Error::from_raw_os_error(errno);
     let mut confirmed = policy.confirmed.lock().unwrap_or_else(|e| e.into_inner());
     if request.doubted {
         *confirmed = Some(Instant::now());
@@ -1415,13 +1453,14 @@ fn doubt(
             .doubts_confirmed
             .fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
-            "a restarted driver answered {op:?} request {unique} with \"{error}\" too: \
-             forwarded; no second opinions for {} s",
+            "a restarted driver {why} too: forwarded; no second opinions for {} s",
             policy.cooldown.as_secs()
         );
         return Some(request);
     }
-    if confirmed.is_some_and(|at| at.elapsed() < policy.cooldown) {
+    if confirmed.is_some_and(|at| at.elapsed() < policy.cooldown)
+        || !policy.affordable.load(Ordering::Relaxed)
+    {
         return Some(request);
     }
     drop(confirmed);
@@ -1431,7 +1470,7 @@ fn doubt(
     report_misbehaviour(
         shared,
         generation,
-        &format!("answered {op:?} request {unique} with \"{error}\"; asking a restarted driver"),
+        &format!("{why}; asking a restarted driver"),
     );
     None
 }

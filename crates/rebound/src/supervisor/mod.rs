@@ -766,6 +766,18 @@ impl Run<'_> {
                 self.phase = self.stopping(true, 1);
             }
             Phase::Serving => {
+                if let Some(s) = &self.served {
+                    // A second opinion costs a restart; never the last one of the budget, which
+                    // is kept for a crash.
+                    let window = self.config.restart_window();
+                    let recent = self
+                        .restarts
+                        .iter()
+                        .filter(|&&at| now.duration_since(at) < window)
+                        .count() as u32;
+                    s.proxy
+                        .allow_second_opinions(recent + 1 < self.config.restart_budget);
+                }
                 let cause = self.served.as_ref().and_then(|s| {
                     s.proxy
                         .check_liveness(self.config.request_timeout(), self.config.probe_timeout())
