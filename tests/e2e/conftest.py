@@ -9,6 +9,7 @@ once per session), and a last check that the session left no mount behind.
 
 import os
 import resource
+import signal
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,11 @@ import workloads
 
 
 def pytest_configure(config):
+    # Started in the background by a shell without job control, the suite inherits SIGINT
+    # ignored, and so would every driver it starts (libfuse leaves an ignored SIGINT alone):
+    # the tests that stop a driver with SIGINT need the default.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line(
         "markers", "recovery: drivers killed or hung under rebound, which must restart them "
                    "unnoticed (test_recovery.py; REBOUND_SOAK=1 for the long versions)")

@@ -78,9 +78,10 @@ def test_one_trial_of_each_type_is_classified(rebound_bin, fault):
         assert (direct["outcome"], reb["outcome"]) == EXPECTED[fault], (direct, reb)
     else:
         # A code fault may or may not hit executed code, and may fail the driver or only its
-        # answers; but rebound never loses the mount or hangs, and a failure it does not see
-        # (wrong answers from a live driver) is the same failure directly.
+        # answers; but rebound never loses the mount or hangs. What fails under rebound is a
+        # live driver's wrong answers, which rebound does not see, or sees (a second opinion)
+        # only after the application got one: the same trial fails directly.
         assert direct["outcome"] in campaign.CLASSES, direct
         assert reb["outcome"] not in ("mount_lost", "hung"), reb
         if reb["outcome"] in campaign.FAILURES:
-            assert reb["driver_failures"] == 0, reb
+            assert direct["outcome"] in campaign.FAILURES, (direct, reb)
