@@ -301,6 +301,46 @@ def test_a_listing_waiting_on_a_stopped_driver_goes_on_after_a_restart(mount, dr
         assert after["failures"] == 1, explain(m, "the listing's request made the driver fail")
 
 
+EXCHANGE = ("import ctypes, sys\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "rc = libc.renameat2(-100, sys.argv[1].encode(), -100, sys.argv[2].encode(), 2)\n"
+            "sys.exit(ctypes.get_errno() if rc else 0)\n")  # AT_FDCWD, RENAME_EXCHANGE
+
+
+@pytest.mark.parametrize("done_before", [False, True], ids=["not-done", "done"])
+def test_an_exchange_waiting_on_a_stopped_driver_happens_once(mount, done_before):
+    """A RENAME_EXCHANGE in flight when the driver is replaced is done exactly once: sent
+    again if the files are where they were, answered if the failed driver had swapped them
+    (here, done behind its back in the backing directory), which a resend would undo."""
+    # go-fuse's loopback does exchanges (passthrough_ll refuses them) and reports the backing
+    # files' inode numbers.
+    with mount("gofuse", "rebound", config=toml(restart_backoff_ms=0)) as m:
+        (m.mnt / "a").write_text("A")
+        (m.mnt / "b").write_text("B")
+        status = wait_serving(m)
+        conn = mounts.fuse_connection(m.mnt)
+        os.kill(status["driver_pid"], signal.SIGSTOP)
+        swap = subprocess.Popen([sys.executable, "-c", EXCHANGE, str(m.mnt / "a"),
+                                 str(m.mnt / "b")])
+        try:
+            waiting = conn / "waiting"
+            assert wait_for(lambda: int(waiting.read_text()) > 0, 10), \
+                explain(m, "the exchange sent no request to the stopped driver")
+            if done_before:
+                rc = subprocess.run([sys.executable, "-c", EXCHANGE, str(m.src / "a"),
+                                     str(m.src / "b")]).returncode
+                assert rc == 0, f"exchange in the backing directory: errno {rc}"
+            rc, out, err, _ = mounts.run_rebound(["restart", str(m.mnt)], timeout=60)
+            assert rc == 0, explain(m, f"rebound restart exited {rc}:\n{out}{err}")
+            assert swap.wait(timeout=CHILD_TIMEOUT) == 0, explain(m, "the exchange failed")
+        finally:
+            swap.kill()
+            swap.wait()
+        assert ((m.src / "a").read_text(), (m.src / "b").read_text()) == ("B", "A"), \
+            explain(m, "the backing files are not swapped exactly once")
+        assert ((m.mnt / "a").read_text(), (m.mnt / "b").read_text()) == ("B", "A")
+
+
 # --- restart budget ----------------------------------------------------------------------------
 
 @contextlib.contextmanager

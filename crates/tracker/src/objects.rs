@@ -27,6 +27,15 @@ use zerocopy::FromBytes;
 
 use crate::inflight::Patches;
 
+/// The inode number in the attributes of the `fuse_entry_out` at `at` of `reply` (0 if cut
+/// short).
+pub fn entry_ino(reply: &[u8], at: usize) -> u64 {
+    reply
+        .get(at..)
+        .and_then(|entry| EntryOut::read_from_prefix(entry).ok())
+        .map_or(0, |(entry, _)| entry.attr.ino)
+}
+
 /// The file type bits of a mode, and a directory's.
 const S_IFMT: u32 = 0o170000;
 const S_IFDIR: u32 = 0o040000;
@@ -43,6 +52,10 @@ pub struct Node {
     pub driver: DriverNode,
     /// Lookups the current driver has handed out for the node, which it must be FORGET-ed.
     pub driver_lookups: u64,
+    /// The inode number the driver last gave in the node's attributes (0: none yet). Drivers
+    /// that report the backing store's (fuse2fs, passthrough_ll, go-fuse) keep it across
+    /// restarts, so it tells which file a name leads to now.
+    pub ino: u64,
 }
 
 /// A node as the current driver knows it.
@@ -266,7 +279,7 @@ impl ObjectTable {
             PendingChange::None => {}
             PendingChange::Entry { parent, name } => {
                 if let Some(driver) = entry_node(reply).filter(|&d| d != 0) {
-                    let node = self.looked_up(driver, parent, name);
+                    let node = self.looked_up(driver, entry_ino(reply, 0), parent, name);
                     write_u64(reply, 0, node);
                 }
             }
@@ -278,7 +291,7 @@ impl ObjectTable {
                 if let (Some(driver), Some(driver_fh)) =
                     (entry_node(reply), open_handle(reply, true))
                 {
-                    let node = self.looked_up(driver, parent, name);
+                    let node = self.looked_up(driver, entry_ino(reply, 0), parent, name);
                     let fh = self.opened(driver_fh, false, node, flags);
                     write_u64(reply, 0, node);
                     write_u64(reply, reply.len() - size::OPEN_OUT, fh);
@@ -303,7 +316,7 @@ impl ObjectTable {
                     .map(|(at, driver, name)| (at, driver, name.into()))
                     .collect();
                 for (at, driver, name) in entries {
-                    let node = self.looked_up(driver, dir, name);
+                    let node = self.looked_up(driver, entry_ino(reply, at), dir, name);
                     write_u64(reply, at, node);
                 }
             }
@@ -638,7 +651,7 @@ impl ObjectTable {
 
     /// The kernel gains a lookup of the driver's node `driver` as `parent/name`; returns the
     /// kernel's id for it.
-    fn looked_up(&mut self, driver: u64, parent: u64, name: Box<[u8]>) -> u64 {
+    fn looked_up(&mut self, driver: u64, ino: u64, parent: u64, name: Box<[u8]>) -> u64 {
         if driver == ROOT_ID {
             return ROOT_ID;
         }
@@ -670,7 +683,11 @@ impl ObjectTable {
             name: None,
             driver: DriverNode::Known(driver),
             driver_lookups: 0,
+            ino: 0,
         });
+        if ino != 0 {
+            entry.ino = ino;
+        }
         entry.lookups += 1;
         entry.driver_lookups += 1;
         entry.driver = DriverNode::Known(driver);

@@ -838,6 +838,57 @@ impl NewDriver<'_> {
                     self.send_again(unique, request);
                 }
             }
+            (
+                Some(Opcode::Rename2),
+                PendingChange::Rename {
+                    parent,
+                    name,
+                    new_parent,
+                    new_name,
+                    exchange: true,
+                },
+            ) => {
+                let (Some(from), Some(to)) = (self.dir(*parent)?, self.dir(*new_parent)?) else {
+                    self.lost(unique, queue);
+                    return Ok(());
+                };
+                let source = self.lookup(from, name)?;
+                let target = self.lookup(to, new_name)?;
+                for (node, _) in source.iter().chain(target.iter()) {
+                    self.drop_lookup(*node);
+                }
+                let ino_now = |found: &Option<(u64, Vec<u8>)>| {
+                    found
+                        .as_ref()
+                        .map_or(0, |(_, entry)| tracker::objects::entry_ino(entry, 0))
+                };
+                let before = {
+                    let objects = shared.objects();
+                    let ino = |dir: u64, name: &[u8]| {
+                        objects
+                            .node_named(dir, name)
+                            .and_then(|node| objects.node(node))
+                            .map_or(0, |node| node.ino)
+                    };
+                    (ino(*parent, name), ino(*new_parent, new_name))
+                };
+                match exchanged(before, (ino_now(&source), ino_now(&target))) {
+                    Some(true) => {
+                        shared.objects().on_success(request.change.clone(), &mut []);
+                        answer_ok(shared, unique, queue);
+                    }
+                    Some(false) => self.send_again(unique, request),
+                    None => {
+                        tracing::warn!(
+                            "cannot tell whether the exchange of {:?} and {:?} happened before \
+                             the driver failed (its inode numbers do not say): failing it",
+                            String::from_utf8_lossy(name),
+                            String::from_utf8_lossy(new_name)
+                        );
+                        self.lost(unique, queue);
+                    }
+                }
+            }
             (Some(Opcode::Write), _) => match self.appended(&request)? {
                 Some(size) => {
                     let written = fuse_wire::abi::WriteOut { size, padding: 0 };
@@ -939,5 +990,39 @@ impl NewDriver<'_> {
     fn lost(&self, unique: u64, queue: usize) {
         self.shared.stats.lost_uses.fetch_add(1, Ordering::Relaxed);
         answer_in_drivers_place(self.shared, unique, queue, Errno::IO);
+    }
+}
+
+/// Whether a RENAME_EXCHANGE of two entries whose files had inode numbers `before` (source,
+/// target) happened, from the inode numbers the two names lead to `now`: `Some(true)` if they
+/// are swapped, `Some(false)` if not, `None` if it cannot be told (a number unknown, or not
+/// one of the two: the driver's inode numbers change across restarts, as libfuse's high-level
+/// API's do without `use_ino`). Sending it again when it had happened would swap them back.
+fn exchanged(before: (u64, u64), now: (u64, u64)) -> Option<bool> {
+    let (source, target) = before;
+    if source == 0 || target == 0 || source == target {
+        return None;
+    }
+    if now == (target, source) {
+        Some(true)
+    } else if now == (source, target) {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exchanged;
+
+    #[test]
+    fn an_exchange_is_told_by_inode_numbers_or_not_at_all() {
+        assert_eq!(exchanged((11, 12), (12, 11)), Some(true));
+        assert_eq!(exchanged((11, 12), (11, 12)), Some(false));
+        assert_eq!(exchanged((11, 12), (13, 14)), None);
+        assert_eq!(exchanged((11, 12), (11, 11)), None);
+        assert_eq!(exchanged((0, 12), (12, 0)), None);
+        assert_eq!(exchanged((11, 11), (11, 11)), None);
     }
 }
