@@ -688,8 +688,10 @@ def main():
     os.environ["REBOUND_RUN_DIR"] = str(run_dir)
     os.environ.setdefault("REBOUND_BIN", str(REBOUND))
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    # scripts/campaign.sh names the commit its snapshot of the binary was built from.
+    commit = os.environ.get("REBOUND_COMMIT") or subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True).stdout.strip()
     command = " ".join(["bench/campaign.py"] + sys.argv[1:])
     meta = {"started": started, "commit": commit, "machine": platform.machine(),
             "kernel": platform.release(), "cpus": os.cpu_count(), "faults": args.faults,

@@ -21,6 +21,8 @@ snapshot=$(mktemp -d /tmp/rebound-campaign-bin.XXXXXX)
 trap 'rm -rf "$snapshot"' EXIT
 cp target/release/rebound "$snapshot/rebound"
 export REBOUND_BIN="$snapshot/rebound"
+REBOUND_COMMIT=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo "+changes")
+export REBOUND_COMMIT
 flock /tmp/rebound-e2e.lock tests/setup.sh
 files=()
 for d in $drivers; do
