@@ -159,6 +159,11 @@ impl InflightTable {
         self.lock().len()
     }
 
+    /// Whether some request in flight satisfies `f`.
+    pub fn any(&self, f: impl Fn(&Inflight) -> bool) -> bool {
+        self.lock().values().any(f)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -1424,10 +1424,22 @@ fn suspicion(
     ) {
         return None;
     }
-    shared
+    let why = shared
         .objects()
-        .impossible_entry(op, &request.change, body)
-        .map(|why| format!("answered {op:?} request {unique}: {why}"))
+        .impossible_entry(op, &request.change, body)?;
+    // A LOOKUP that revalidates a cached name runs without the directory's lock, so it can
+    // overtake an UNLINK, RENAME or LINK in the driver whose reply comes after its own: the
+    // name the kernel knows the node by may be changing. Not impossible, then.
+    let renaming = |r: &Inflight| {
+        matches!(
+            r.change,
+            PendingChange::Remove { .. } | PendingChange::Rename { .. }
+        ) || r.opcode == Opcode::Link as u32
+    };
+    if op == Opcode::Lookup && shared.inflight.any(renaming) {
+        return None;
+    }
+    Some(format!("answered {op:?} request {unique}: {why}"))
 }
 
 /// Acts on a suspect reply (see [`suspicion`]) of driver `generation` to `request`: the
