@@ -819,7 +819,7 @@ impl NewDriver<'_> {
                     name,
                     new_parent,
                     new_name,
-                    exchange: false,
+                    exchange,
                 },
             ) => {
                 let (Some(from), Some(to)) = (self.dir(*parent)?, self.dir(*new_parent)?) else {
@@ -831,48 +831,28 @@ impl NewDriver<'_> {
                 for (node, _) in source.iter().chain(target.iter()) {
                     self.drop_lookup(*node);
                 }
-                if source.is_none() && target.is_some() {
-                    shared.objects().on_success(request.change.clone(), &mut []);
-                    answer_ok(shared, unique, queue);
-                } else {
-                    self.send_again(unique, request);
-                }
-            }
-            (
-                Some(Opcode::Rename2),
-                PendingChange::Rename {
-                    parent,
-                    name,
-                    new_parent,
-                    new_name,
-                    exchange: true,
-                },
-            ) => {
-                let (Some(from), Some(to)) = (self.dir(*parent)?, self.dir(*new_parent)?) else {
-                    self.lost(unique, queue);
-                    return Ok(());
-                };
-                let source = self.lookup(from, name)?;
-                let target = self.lookup(to, new_name)?;
-                for (node, _) in source.iter().chain(target.iter()) {
-                    self.drop_lookup(*node);
-                }
-                let ino_now = |found: &Option<(u64, Vec<u8>)>| {
-                    found
-                        .as_ref()
-                        .map_or(0, |(_, entry)| tracker::objects::entry_ino(entry, 0))
-                };
-                let before = {
-                    let objects = shared.objects();
-                    let ino = |dir: u64, name: &[u8]| {
-                        objects
-                            .node_named(dir, name)
-                            .and_then(|node| objects.node(node))
-                            .map_or(0, |node| node.ino)
+                let happened = if *exchange {
+                    // Both names exist either way: their files tell (see `exchanged`).
+                    let ino_now = |found: &Option<(u64, Vec<u8>)>| {
+                        found
+                            .as_ref()
+                            .map_or(0, |(_, entry)| tracker::objects::entry_ino(entry, 0))
                     };
-                    (ino(*parent, name), ino(*new_parent, new_name))
+                    let before = {
+                        let objects = shared.objects();
+                        let ino = |dir: u64, name: &[u8]| {
+                            objects
+                                .node_named(dir, name)
+                                .and_then(|node| objects.node(node))
+                                .map_or(0, |node| node.ino)
+                        };
+                        (ino(*parent, name), ino(*new_parent, new_name))
+                    };
+                    exchanged(before, (ino_now(&source), ino_now(&target)))
+                } else {
+                    Some(source.is_none() && target.is_some())
                 };
-                match exchanged(before, (ino_now(&source), ino_now(&target))) {
+                match happened {
                     Some(true) => {
                         shared.objects().on_success(request.change.clone(), &mut []);
                         answer_ok(shared, unique, queue);

@@ -26,6 +26,7 @@ use rebound_sys::seccomp::{self, Notification};
 use rustix::io::Errno;
 
 use crate::proxy::{Channel, Proxy};
+use crate::supervisor::process;
 use crate::supervisor::targets::{self, Verdict};
 
 /// The outcome of one intercepted system call.
@@ -464,12 +465,9 @@ fn handle_splice(
     Ok(Intercepted::Other)
 }
 
-/// The thread-group leader of thread `tid` (`Tgid:` in its status).
+/// The thread-group leader of thread `tid`, for `pidfd_open`.
 fn thread_group_of(tid: u32) -> io::Result<rustix::process::Pid> {
-    std::fs::read_to_string(format!("/proc/{tid}/status"))?
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse().ok())
+    process::thread_group_of(tid as i32)
         .and_then(rustix::process::Pid::from_raw)
         .ok_or_else(|| io::Error::other(format!("no thread group for {tid}")))
 }

@@ -97,12 +97,30 @@ pub fn descendants() -> Vec<i32> {
     out
 }
 
-/// The parent pid from `/proc/PID/stat` (the field after the parenthesised command name,
-/// which may itself contain spaces and parentheses).
-fn parent_of(pid: i32) -> Option<i32> {
+/// Field `n` (0: the state) after the parenthesised command name of `/proc/PID/stat`, which
+/// may itself contain spaces and parentheses.
+fn stat_field(pid: i32, n: usize) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_comm = &stat[stat.rfind(')')? + 1..];
-    after_comm.split_whitespace().nth(1)?.parse().ok()
+    after_comm.split_whitespace().nth(n)?.parse().ok()
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    stat_field(pid, 1)
+}
+
+/// The process group of `pid`.
+pub fn process_group_of(pid: i32) -> Option<i32> {
+    stat_field(pid, 2)
+}
+
+/// The process (thread-group leader) of thread `tid` (`Tgid:` in its status).
+pub fn thread_group_of(tid: i32) -> Option<i32> {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Sends `signal` to every live descendant.

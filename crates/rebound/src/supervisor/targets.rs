@@ -10,6 +10,8 @@
 //! pid be reused by another process; the driver cannot choose which process gets the pid.
 
 use rebound_sys::seccomp::Notification;
+
+use crate::supervisor::process;
 use rustix::io::Errno;
 
 /// What becomes of one reported call.
@@ -78,15 +80,7 @@ pub fn verdict(notif: &Notification, is_driver: impl Fn(i32) -> bool) -> Verdict
 
 /// The process (thread-group leader) of thread `tid`; `ESRCH` if there is none.
 fn thread_group_of(tid: i32) -> Result<i32, Errno> {
-    std::fs::read_to_string(format!("/proc/{tid}/status"))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("Tgid:"))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .ok_or(Errno::SRCH)
+    process::thread_group_of(tid).ok_or(Errno::SRCH)
 }
 
 /// The processes of process group `pgid`; `ESRCH` if there are none.
@@ -95,19 +89,12 @@ fn group_members(pgid: i32) -> Result<Vec<i32>, Errno> {
     let members: Vec<i32> = dir
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| process_group_of(pid) == Some(pgid))
+        .filter(|&pid| process::process_group_of(pid) == Some(pgid))
         .collect();
     if members.is_empty() {
         return Err(Errno::SRCH);
     }
     Ok(members)
-}
-
-/// The process group from `/proc/PID/stat` (the third field after the parenthesised name).
-fn process_group_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after_comm = &stat[stat.rfind(')')? + 1..];
-    after_comm.split_whitespace().nth(2)?.parse().ok()
 }
 
 /// The process that descriptor `fd` of thread `caller` refers to, if it is a pidfd
