@@ -17,6 +17,7 @@ whole tree, two minutes of chaos per workload); REBOUND_CHAOS_SEED fixes the cha
 (by default each test derives its own from its name, and prints it when it fails).
 """
 
+import concurrent.futures
 import contextlib
 import errno
 import json
@@ -63,11 +64,16 @@ CHAOS_CONFIG = toml(request_timeout_ms=3000, probe_timeout_ms=1500, restart_budg
                     restart_backoff_ms=0)
 # fuse2fs loses what it has not flushed when killed: rebound keeps a redo log, and repairs the
 # image before each restart.
-FUSE2FS_CONFIG = toml(redo_log=True, pre_restart=["e2fsck", "-fy", "@IMAGE@"])
+# sshfs acknowledges writes before its server has them (see the test of that below): the redo
+# log gives a restarted sshfs what the killed one had not sent.
+DRIVER_CONFIG = {
+    "fuse2fs": toml(redo_log=True, pre_restart=["e2fsck", "-fy", "@IMAGE@"]),
+    "sshfs": toml(redo_log=True),
+}
 
 
 def chaos_config(driver):
-    return CHAOS_CONFIG + (FUSE2FS_CONFIG if driver == "fuse2fs" else "")
+    return CHAOS_CONFIG + DRIVER_CONFIG.get(driver, "")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -433,6 +439,48 @@ def test_a_file_unlinked_while_open_is_lost_alone(mount, driver):
                 os.close(doomed_fd)
             except OSError as e:  # the FLUSH of a lost handle may fail too, only with EIO
                 assert e.errno == errno.EIO, f"close of the lost file: {e!r}"
+
+
+@pytest.mark.parametrize("redo_log", [True, False], ids=["redo-log", "no-redo-log"])
+def test_a_write_sshfs_acknowledged_but_never_sent_survives_a_kill(mount, redo_log):
+    """sshfs acknowledges a write once it has queued it for its ssh client, and waits for the
+    server's answer only at close or fsync. With the ssh client stopped, a write is
+    acknowledged but never reaches the server; then the driver is killed (rebound kills the
+    ssh client with it). With redo_log the new driver is given the write again; without it
+    the write is lost, which shows that the test makes sshfs lose acknowledged work."""
+    original, patch, at = os.urandom(64 * 1024), os.urandom(4096), 8192
+    with mount("sshfs", "rebound", config=toml(restart_backoff_ms=0, redo_log=redo_log)) as m:
+        (m.mnt / "f").write_bytes(original)
+        status = wait_serving(m)
+        ssh = [p for p in mounts.descendants(status["rebound_pid"]) if mounts.comm(p) == "ssh"]
+        assert len(ssh) == 1, explain(m, f"sshfs's ssh client not found: {ssh}")
+        fd = os.open(m.mnt / "f", os.O_WRONLY)  # opened while the server still answers
+        os.kill(ssh[0], signal.SIGSTOP)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                write = pool.submit(os.pwrite, fd, patch, at)
+                try:
+                    assert write.result(timeout=CHILD_TIMEOUT) == len(patch)
+                except concurrent.futures.TimeoutError:
+                    pytest.fail(explain(m, "sshfs did not acknowledge a write before sending "
+                                           "it: the scenario this test needs is gone"))
+                finally:
+                    if not write.done():
+                        mounts.abort_connection(mounts.fuse_connection(m.mnt))
+            wait_serving(m, kill_driver(m, status))
+            assert not mounts.alive(ssh[0]), "rebound left the failed driver's ssh client"
+        finally:
+            if mounts.alive(ssh[0]):
+                os.kill(ssh[0], signal.SIGCONT)
+            os.close(fd)  # its FLUSH goes to the new driver
+        expected = original[:at] + patch + original[at + len(patch):]
+        on_server = (m.src / "f").read_bytes()
+        if redo_log:
+            assert on_server == expected, explain(m, "the acknowledged write is not on the server")
+            assert workloads.read_uncached(m.mnt / "f") == expected
+        else:
+            assert on_server == original, \
+                explain(m, "without the redo log the write reached the server anyway")
 
 
 # --- hangs -------------------------------------------------------------------------------------
