@@ -7,6 +7,7 @@ again of a restarted driver) and the death of a driver while it serves (restarte
 no restarts allowed, rebound leaves no mount and no process behind).
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -238,6 +239,57 @@ def rebound_status():
     out = subprocess.run([str(mounts.rebound_bin()), "status", "--json"], capture_output=True,
                          text=True, timeout=10, check=True)
     return json.loads(out.stdout)
+
+
+def driver_holding_its_own_file(running):
+    """A rogue driver, started unconfined so that it sees its mount (the sandbox only shows a
+    driver the mounts its helper made, like go-fuse's fusermount3), that holds "good" on its
+    own mount open; and the pid of the process holding it."""
+    r = running(lambda mnt: [sys.executable, str(ROGUE), "--hold-own-file", str(mnt)],
+                config='[sandbox]\nprofile = "off"\n')
+    good = str(r.mnt / "good")
+
+    def holder():
+        for pid in mounts.descendants(r.proc.pid):
+            with contextlib.suppress(OSError):
+                fds = os.listdir(f"/proc/{pid}/fd")
+                if any(os.readlink(f"/proc/{pid}/fd/{fd}") == good for fd in fds):
+                    return pid
+        return None
+
+    pid = mounts.wait_for(holder, 10)
+    assert pid, f"the driver did not open {good}:\n{r.stderr()}"
+    return r, pid
+
+
+# As a driver process dies with a file on its own mount open, the kernel closes that file and
+# sends a FLUSH, and once the request has been read it makes the dying process wait for the
+# answer, whatever signal it gets. No driver is left to answer it: rebound must, or the driver
+# never finishes dying.
+
+def test_a_driver_dying_with_its_own_file_open_lets_rebound_stop(running):
+    r, _ = driver_holding_its_own_file(running)
+    r.proc.send_signal(signal.SIGTERM)  # the driver dies of the SIGTERM rebound passes on
+    try:
+        code = r.proc.wait(timeout=10)  # rebound's own stop_timeout_ms is 60 s
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"rebound did not stop within 10 s of SIGTERM:\n{r.stderr()}")
+    assert code == 0, r.stderr()
+    assert not mounts.is_mounted(r.mnt)
+
+
+def test_a_driver_killed_with_its_own_file_open_is_restarted(running):
+    r, pid = driver_holding_its_own_file(running)
+    os.kill(pid, signal.SIGKILL)
+
+    def restarted():
+        status = [s for s in rebound_status() if s["mountpoint"] == str(r.mnt)]
+        return status and status[0]["restarts"] >= 1 and status[0]["state"] == "serving"
+
+    assert mounts.wait_for(restarted, 10), \
+        f"not serving again within 10 s of the kill:\n{r.stderr()}"
+    assert not mounts.alive(pid)
+    assert (r.mnt / "good").read_bytes() == b"good data\n"
 
 
 def test_status_reports_the_mount_and_what_the_kernel_holds(running, workdir):

@@ -16,6 +16,7 @@
 mod private;
 mod recovery;
 
+use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -440,9 +441,9 @@ impl Proxy {
         held_objects(&self.shared)
     }
 
-    /// Whether a request waits for the driver's reply now.
-    pub fn request_pending(&self) -> bool {
-        self.shared.inflight.oldest_sent().is_some()
+    /// Since when the longest-waiting request sent to the driver waits; `None` if none does.
+    pub fn waiting_since(&self) -> Option<Instant> {
+        self.shared.inflight.oldest_sent()
     }
 
     /// A reader of [`Proxy::held_objects`] that other threads can keep.
@@ -522,6 +523,21 @@ impl Proxy {
                     .is_ok_and(|(header, _)| is_ours(header.pid))
         };
         for (unique, request) in self.shared.inflight.take_if(mine) {
+            answer_in_drivers_place(&self.shared, unique, request.queue.into(), Errno::IO);
+        }
+    }
+
+    /// Fails the requests made by `threads` (the driver's threads that are dying). A process
+    /// that closes a file on its own mount as it dies (go-fuse holds one open as it starts,
+    /// to probe poll support) waits for the FLUSH, fatal signal or not, once it has been
+    /// read; no dying driver answers it, and unanswered the process never finishes dying.
+    pub fn fail_requests_of(&self, threads: &HashSet<u32>) {
+        let theirs = |request: &Inflight| {
+            InHeader::read_from_prefix(request.request.bytes())
+                .is_ok_and(|(header, _)| threads.contains(&header.pid))
+        };
+        for (unique, request) in self.shared.inflight.take_if(theirs) {
+            tracing::debug!("request {unique} of dying driver thread failed with EIO");
             answer_in_drivers_place(&self.shared, unique, request.queue.into(), Errno::IO);
         }
     }

@@ -329,7 +329,7 @@ impl Run<'_> {
                 if *killed {
                     tick
                 } else {
-                    until(*deadline)
+                    until(*deadline).min(tick)
                 }
             }
             Phase::Serving | Phase::Recovering(Step::Restoring) => tick,
@@ -756,6 +756,7 @@ impl Run<'_> {
 
     fn on_tick(&mut self) -> anyhow::Result<()> {
         let now = Instant::now();
+        self.answer_for_dying_driver_threads(now);
         match &mut self.phase {
             Phase::Starting { deadline } if now >= *deadline => {
                 tracing::error!(
@@ -794,7 +795,7 @@ impl Run<'_> {
                         self.cgroup.as_ref(),
                         &self.config.limits,
                         requests,
-                        s.proxy.request_pending(),
+                        s.proxy.waiting_since().is_some(),
                     )
                 });
                 if let Some(cause) = cause {
@@ -874,6 +875,29 @@ impl Run<'_> {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Fails the requests of driver threads that are dying (see [`Proxy::fail_requests_of`]).
+    /// Looked for while the driver is stopped or reaped, and while it serves once a request
+    /// has waited a second: a working driver keeps nothing waiting that long.
+    fn answer_for_dying_driver_threads(&self, now: Instant) {
+        let Some(s) = &self.served else {
+            return;
+        };
+        let look = match self.phase {
+            Phase::Stopping { .. } | Phase::Recovering(Step::Reaping { .. }) => true,
+            Phase::Serving => s
+                .proxy
+                .waiting_since()
+                .is_some_and(|since| now.duration_since(since) >= Duration::from_secs(1)),
+            _ => false,
+        };
+        if look {
+            let dying = process::exiting_threads();
+            if !dying.is_empty() {
+                s.proxy.fail_requests_of(&dying);
+            }
+        }
     }
 
     /// A driver that mounted through a helper sees a copy of its mount in its own namespace

@@ -7,7 +7,7 @@
 //!
 //! Owns: reaping, listing descendants, signalling them. Must not: decide when to do so.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
 
@@ -97,21 +97,45 @@ pub fn descendants() -> Vec<i32> {
     out
 }
 
-/// Field `n` (0: the state) after the parenthesised command name of `/proc/PID/stat`, which
-/// may itself contain spaces and parentheses.
-fn stat_field(pid: i32, n: usize) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+/// Field `n` (0: the state) after the parenthesised command name of a `stat` file of
+/// `/proc` (a process's or a thread's), which may itself contain spaces and parentheses.
+fn stat_field<T: std::str::FromStr>(stat_file: &str, n: usize) -> Option<T> {
+    let stat = std::fs::read_to_string(stat_file).ok()?;
     let after_comm = &stat[stat.rfind(')')? + 1..];
     after_comm.split_whitespace().nth(n)?.parse().ok()
 }
 
 fn parent_of(pid: i32) -> Option<i32> {
-    stat_field(pid, 1)
+    stat_field(&format!("/proc/{pid}/stat"), 1)
 }
 
 /// The process group of `pid`.
 pub fn process_group_of(pid: i32) -> Option<i32> {
-    stat_field(pid, 2)
+    stat_field(&format!("/proc/{pid}/stat"), 2)
+}
+
+/// `PF_EXITING` in a task's flags (field 6 after the command name): the task is in `exit(2)`
+/// or dying of a signal.
+const PF_EXITING: u32 = 0x4;
+
+/// The threads of rebound's descendants that are exiting.
+pub fn exiting_threads() -> HashSet<u32> {
+    let mut exiting = HashSet::new();
+    for pid in descendants() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for tid in tasks
+            .flatten()
+            .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        {
+            let flags: Option<u32> = stat_field(&format!("/proc/{pid}/task/{tid}/stat"), 6);
+            if flags.is_some_and(|f| f & PF_EXITING != 0) {
+                exiting.insert(tid);
+            }
+        }
+    }
+    exiting
 }
 
 /// The process (thread-group leader) of thread `tid` (`Tgid:` in its status).
