@@ -241,34 +241,36 @@ def rebound_status():
     return json.loads(out.stdout)
 
 
-def driver_holding_its_own_file(running):
+def driver_waiting_on_its_own_mount(running):
     """A rogue driver, started unconfined so that it sees its mount (the sandbox only shows a
     driver the mounts its helper made, like go-fuse's fusermount3), that holds "good" on its
-    own mount open; and the pid of the process holding it."""
-    r = running(lambda mnt: [sys.executable, str(ROGUE), "--hold-own-file", str(mnt)],
+    own mount open and waits on a lookup of its own; and the pid of that process."""
+    r = running(lambda mnt: [sys.executable, str(ROGUE), "--wait-on-own-mount", str(mnt)],
                 config='[sandbox]\nprofile = "off"\n')
     good = str(r.mnt / "good")
 
-    def holder():
-        for pid in mounts.descendants(r.proc.pid):
-            with contextlib.suppress(OSError):
-                fds = os.listdir(f"/proc/{pid}/fd")
-                if any(os.readlink(f"/proc/{pid}/fd/{fd}") == good for fd in fds):
-                    return pid
-        return None
+    def waiting(pid):
+        with contextlib.suppress(OSError):
+            holds = any(os.readlink(f"/proc/{pid}/fd/{fd}") == good
+                        for fd in os.listdir(f"/proc/{pid}/fd"))
+            waits = any(Path(f"/proc/{pid}/task/{tid}/wchan").read_text() == "request_wait_answer"
+                        for tid in os.listdir(f"/proc/{pid}/task"))
+            return holds and waits
+        return False
 
-    pid = mounts.wait_for(holder, 10)
-    assert pid, f"the driver did not open {good}:\n{r.stderr()}"
+    pid = mounts.wait_for(lambda: next(filter(waiting, mounts.descendants(r.proc.pid)), None),
+                          10)
+    assert pid, f"the driver did not open {good} and wait on its own lookup:\n{r.stderr()}"
     return r, pid
 
 
-# As a driver process dies with a file on its own mount open, the kernel closes that file and
-# sends a FLUSH, and once the request has been read it makes the dying process wait for the
-# answer, whatever signal it gets. No driver is left to answer it: rebound must, or the driver
-# never finishes dying.
+# A process that waits on a FUSE request can only die once the request is answered, if it has
+# been read: so a dying driver waiting on its own mount (a lookup; or the FLUSH the kernel sends
+# as it closes the files the process held open there) waits for an answer no dying driver will
+# give. rebound must give it, or the driver never finishes dying.
 
-def test_a_driver_dying_with_its_own_file_open_lets_rebound_stop(running):
-    r, _ = driver_holding_its_own_file(running)
+def test_a_driver_dying_while_it_waits_on_its_own_mount_lets_rebound_stop(running):
+    r, _ = driver_waiting_on_its_own_mount(running)
     r.proc.send_signal(signal.SIGTERM)  # the driver dies of the SIGTERM rebound passes on
     try:
         code = r.proc.wait(timeout=10)  # rebound's own stop_timeout_ms is 60 s
@@ -278,8 +280,8 @@ def test_a_driver_dying_with_its_own_file_open_lets_rebound_stop(running):
     assert not mounts.is_mounted(r.mnt)
 
 
-def test_a_driver_killed_with_its_own_file_open_is_restarted(running):
-    r, pid = driver_holding_its_own_file(running)
+def test_a_driver_killed_while_it_waits_on_its_own_mount_is_restarted(running):
+    r, pid = driver_waiting_on_its_own_mount(running)
     os.kill(pid, signal.SIGKILL)
 
     def restarted():

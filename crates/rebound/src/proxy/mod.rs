@@ -527,10 +527,11 @@ impl Proxy {
         }
     }
 
-    /// Fails the requests made by `threads` (the driver's threads that are dying). A process
-    /// that closes a file on its own mount as it dies (go-fuse holds one open as it starts,
-    /// to probe poll support) waits for the FLUSH, fatal signal or not, once it has been
-    /// read; no dying driver answers it, and unanswered the process never finishes dying.
+    /// Fails the requests made by `threads` (the driver's threads that are dying). A driver
+    /// thread that waits on its own mount as the driver dies (go-fuse opens a file there as
+    /// it starts, to probe poll support, and a dying process closing such a file sends a
+    /// FLUSH) waits on, fatal signal or not, once the request has been read; no dying driver
+    /// answers it, and unanswered the process never finishes dying.
     pub fn fail_requests_of(&self, threads: &HashSet<u32>) {
         let theirs = |request: &Inflight| {
             InHeader::read_from_prefix(request.request.bytes())

@@ -893,7 +893,7 @@ impl Run<'_> {
             _ => false,
         };
         if look {
-            let dying = process::exiting_threads();
+            let dying = process::dying_threads();
             if !dying.is_empty() {
                 s.proxy.fail_requests_of(&dying);
             }

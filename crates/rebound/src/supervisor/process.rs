@@ -114,13 +114,14 @@ pub fn process_group_of(pid: i32) -> Option<i32> {
     stat_field(&format!("/proc/{pid}/stat"), 2)
 }
 
-/// `PF_EXITING` in a task's flags (field 6 after the command name): the task is in `exit(2)`
-/// or dying of a signal.
+/// `PF_EXITING` in a task's flags (field 6 after the command name): the task is in `exit(2)`.
 const PF_EXITING: u32 = 0x4;
 
-/// The threads of rebound's descendants that are exiting.
-pub fn exiting_threads() -> HashSet<u32> {
-    let mut exiting = HashSet::new();
+/// The threads of rebound's descendants that are dying: in `exit(2)`, or with a SIGKILL
+/// pending (which a process dying of any signal sends each of its threads) that they have not
+/// yet acted on, because they wait in a system call only an answer ends.
+pub fn dying_threads() -> HashSet<u32> {
+    let mut dying = HashSet::new();
     for pid in descendants() {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             continue;
@@ -129,13 +130,28 @@ pub fn exiting_threads() -> HashSet<u32> {
             .flatten()
             .filter_map(|t| t.file_name().to_str()?.parse().ok())
         {
-            let flags: Option<u32> = stat_field(&format!("/proc/{pid}/task/{tid}/stat"), 6);
-            if flags.is_some_and(|f| f & PF_EXITING != 0) {
-                exiting.insert(tid);
+            let task = format!("/proc/{pid}/task/{tid}");
+            let flags: Option<u32> = stat_field(&format!("{task}/stat"), 6);
+            if flags.is_some_and(|f| f & PF_EXITING != 0) || kill_pending(&task) {
+                dying.insert(tid);
             }
         }
     }
-    exiting
+    dying
+}
+
+/// Whether SIGKILL is pending for the task at `/proc` path `task`, to it or to its process.
+fn kill_pending(task: &str) -> bool {
+    let sigkill = 1u64 << (libc::SIGKILL - 1);
+    std::fs::read_to_string(format!("{task}/status")).is_ok_and(|status| {
+        status
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("SigPnd:")
+                    .or_else(|| l.strip_prefix("ShdPnd:"))
+            })
+            .any(|mask| u64::from_str_radix(mask.trim(), 16).is_ok_and(|m| m & sigkill != 0))
+    })
 }
 
 /// The process (thread-group leader) of thread `tid` (`Tgid:` in its status).
