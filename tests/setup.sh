@@ -3,6 +3,7 @@
 # mounts with, and builds the fixture drivers into tests/.build/bin/:
 #   passthrough_ll, passthrough_fh   libfuse 3's examples, from libfuse3-dev's docs
 #   gofuse-loopback                  tests/fixtures/gofuse-loopback (go-fuse, via fusermount3)
+#   half_rename.so                   tests/fixtures/half_rename.c (a driver dying mid-rename)
 # and unpacks the C code base the benchmark compiles (bench/run.py, workload `compile`):
 #   tests/.build/lua-src/            the Lua 5.1-5.4 sources of the `lua-src` crate, fetched with
 #                                    cargo from crates.io (Debian ships no C code base that builds
@@ -57,6 +58,13 @@ for prog in passthrough_ll passthrough_fh; do
     rm -rf "$tmp"
   fi
 done
+
+shim="$tests/fixtures/half_rename.c"
+if ! up_to_date "$bin/half_rename.so" "$shim"; then
+  echo "setup: building half_rename.so" >&2
+  gcc -Wall -O2 -shared -fPIC -o "$bin/half_rename.so.new" "$shim" -ldl
+  mv "$bin/half_rename.so.new" "$bin/half_rename.so"
+fi
 
 gofuse="$tests/fixtures/gofuse-loopback"
 if ! up_to_date "$bin/gofuse-loopback" "$gofuse/main.go" "$gofuse/go.mod" "$gofuse/go.sum"; then

@@ -400,6 +400,7 @@ class Mount:
     work: Path
     sshd: Sshd = None
     config: str = None  # text of a rebound config file, passed with --config
+    driver_env: dict = None  # more environment for the driver (through env(1))
     proc: subprocess.Popen = None  # rebound, or a foreground driver, or a daemonizing one's parent
     driver_pids: list = field(default_factory=list)
     returncode: int = None  # of rebound or of a foreground driver, once stopped
@@ -426,6 +427,8 @@ class Mount:
 
     def argv(self):
         driver = driver_argv(self.driver, self.src, self.img, self.mnt, self.sshd)
+        if self.driver_env:
+            driver = ["env", *(f"{k}={v}" for k, v in self.driver_env.items())] + driver
         if self.mode == "direct":
             return driver
         cmd = [str(rebound_bin()), "run"]
@@ -582,12 +585,13 @@ class Mount:
 
 @contextlib.contextmanager
 def mount_driver(driver, mode, *, sshd=None, image_size=64 * MiB, config=None,
-                 after_stop=None, watchdog=WATCHDOG):
+                 after_stop=None, watchdog=WATCHDOG, driver_env=None):
     """Mounts driver in mode ("direct" or "rebound") in a fresh /tmp directory and yields the
     Mount. On a normal exit it stops the mount, asserts a clean stop and calls after_stop(m)
     (to inspect the backing store); in every case it then cleans up."""
     assert mode in MODES, mode
-    m = Mount(driver, mode, new_workdir(driver), sshd=sshd, config=config, watchdog=watchdog)
+    m = Mount(driver, mode, new_workdir(driver), sshd=sshd, config=config, watchdog=watchdog,
+              driver_env=driver_env)
     try:
         m.prepare(image_size)
         m.start()

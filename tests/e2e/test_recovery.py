@@ -347,6 +347,31 @@ def test_an_exchange_waiting_on_a_stopped_driver_happens_once(mount, done_before
         assert ((m.mnt / "a").read_text(), (m.mnt / "b").read_text()) == ("B", "A")
 
 
+def test_a_rename_cut_in_half_by_a_failure_is_completed(mount):
+    """A driver dies half-way through a rename over an existing file: the target name already
+    links the moved file, the old name still does (as fuse2fs leaves it when killed between
+    the two steps, once e2fsck has counted both links). Sent again, the rename would do
+    nothing (POSIX: two names of one file) and the old name would stay; rebound removes it.
+    The half_rename.so shim makes passthrough_ll die so, once."""
+    marker = mounts.new_workdir("marker") / "died"
+    shim = {"LD_PRELOAD": mounts.fixture_bin("half_rename.so"), "REBOUND_HALF_RENAME": marker}
+    config = toml(restart_backoff_ms=0) + '[sandbox]\nprofile = "off"\n'  # the marker's dir
+    try:
+        with mount("passthrough_ll", "rebound", config=config, driver_env=shim) as m:
+            (m.mnt / "a").write_text("A")
+            (m.mnt / "b").write_text("B")
+            os.rename(m.mnt / "a", m.mnt / "b")
+            assert marker.exists(), explain(m, "the driver did not die in the rename")
+            status = mount_status(m.mnt)
+            assert status["restarts"] == 1, explain(m, status)
+            assert sorted(os.listdir(m.src)) == ["b"], \
+                explain(m, f"the backing directory holds {sorted(os.listdir(m.src))}")
+            assert (m.src / "b").read_text() == "A"
+            assert sorted(os.listdir(m.mnt)) == ["b"] and (m.mnt / "b").read_text() == "A"
+    finally:
+        mounts.remove_workdir(marker.parent)
+
+
 # --- restart budget ----------------------------------------------------------------------------
 
 @contextlib.contextmanager

@@ -394,6 +394,11 @@ pub fn lookup_request(unique: u64, parent: u64, name: &[u8]) -> Vec<u8> {
     own_request(Opcode::Lookup, unique, parent, &[name, &[0]])
 }
 
+/// UNLINK of `name` in directory `parent` (no NUL in `name`, as for [`lookup_request`]).
+pub fn unlink_request(unique: u64, parent: u64, name: &[u8]) -> Vec<u8> {
+    own_request(Opcode::Unlink, unique, parent, &[name, &[0]])
+}
+
 /// OPEN (or OPENDIR if `dir`) of `node` with open(2) `flags`.
 pub fn open_request(unique: u64, node: u64, flags: u32, dir: bool) -> Vec<u8> {
     let open = OpenIn {
@@ -1072,6 +1077,16 @@ mod tests {
         assert_eq!(
             req.change(),
             Change::Entry {
+                parent: NODE,
+                name: b"name"
+            }
+        );
+
+        let msg = unlink_request(11, NODE, b"name");
+        assert_eq!(check(&msg, Opcode::Unlink, 11), [Seen::Node(NODE)]);
+        assert_eq!(
+            Request::parse(&msg).unwrap().change(),
+            Change::Remove {
                 parent: NODE,
                 name: b"name"
             }

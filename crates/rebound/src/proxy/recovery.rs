@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use fuse_wire::abi::size;
 use fuse_wire::ids::{
     forget_request, fsync_request, getattr_request, lookup_request, open_request, read_u64,
-    readdir_request, release_request, truncate_request, write_u64,
+    readdir_request, release_request, truncate_request, unlink_request, write_u64,
 };
 use fuse_wire::{DriverMessage, Opcode, ReplyShape, Request};
 use rustix::io::Errno;
@@ -599,8 +599,24 @@ impl NewDriver<'_> {
                 walker.found.clear();
                 return Ok(done);
             }
-            (Some(Opcode::Rename | Opcode::Rename2), PendingChange::Rename { name, .. }) => {
-                let done = !self.exists(walker, first, name)? || self.call(bytes, shape)?.is_ok();
+            (
+                Some(Opcode::Rename | Opcode::Rename2),
+                PendingChange::Rename {
+                    name,
+                    new_name,
+                    exchange,
+                    ..
+                },
+            ) => {
+                let to = nodes.get(1).copied().unwrap_or(first);
+                let source = self.lookup(first, name)?;
+                let target = self.lookup(to, new_name)?;
+                for (node, _) in source.iter().chain(target.iter()) {
+                    *walker.lookups.entry(*node).or_default() += 1;
+                }
+                let done = source.is_none()
+                    || (!exchange && self.complete_half_rename(first, name, &source, &target)?)
+                    || self.call(bytes, shape)?.is_ok();
                 walker.found.clear();
                 return Ok(done);
             }
@@ -833,11 +849,6 @@ impl NewDriver<'_> {
                 }
                 let happened = if *exchange {
                     // Both names exist either way: their files tell (see `exchanged`).
-                    let ino_now = |found: &Option<(u64, Vec<u8>)>| {
-                        found
-                            .as_ref()
-                            .map_or(0, |(_, entry)| tracker::objects::entry_ino(entry, 0))
-                    };
                     let before = {
                         let objects = shared.objects();
                         let ino = |dir: u64, name: &[u8]| {
@@ -848,7 +859,9 @@ impl NewDriver<'_> {
                         };
                         (ino(*parent, name), ino(*new_parent, new_name))
                     };
-                    exchanged(before, (ino_now(&source), ino_now(&target)))
+                    exchanged(before, (ino_of(&source), ino_of(&target)))
+                } else if self.complete_half_rename(from, name, &source, &target)? {
+                    Some(true)
                 } else {
                     Some(source.is_none() && target.is_some())
                 };
@@ -967,10 +980,43 @@ impl NewDriver<'_> {
         }
     }
 
+    /// Completes a rename the driver did half of: `name` in `from` and the target (`source`
+    /// and `target`, as looked up) lead to the same file. The kernel never sends a rename of
+    /// two names of one file (it has nothing to do), so only a rename cut between linking the
+    /// new name and removing the old one leaves this (fuse2fs's, once `e2fsck` has counted
+    /// both links); sent again, the driver would do nothing, as POSIX says, and the old name
+    /// would stay. Returns whether it found one and removed the old name.
+    fn complete_half_rename(
+        &self,
+        from: u64,
+        name: &[u8],
+        source: &Option<(u64, Vec<u8>)>,
+        target: &Option<(u64, Vec<u8>)>,
+    ) -> io::Result<bool> {
+        let ino = ino_of(source);
+        if ino == 0 || ino != ino_of(target) {
+            return Ok(false);
+        }
+        tracing::info!(
+            "completing a rename cut in half by the driver's failure: removing the old name {:?}",
+            String::from_utf8_lossy(name)
+        );
+        Ok(self
+            .call(unlink_request(0, from, name), ReplyShape::Empty)?
+            .is_ok())
+    }
+
     fn lost(&self, unique: u64, queue: usize) {
         self.shared.stats.lost_uses.fetch_add(1, Ordering::Relaxed);
         answer_in_drivers_place(self.shared, unique, queue, Errno::IO);
     }
+}
+
+/// The inode number of a looked-up entry; 0 for none.
+fn ino_of(found: &Option<(u64, Vec<u8>)>) -> u64 {
+    found
+        .as_ref()
+        .map_or(0, |(_, entry)| tracker::objects::entry_ino(entry, 0))
 }
 
 /// Whether a RENAME_EXCHANGE of two entries whose files had inode numbers `before` (source,
