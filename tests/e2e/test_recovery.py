@@ -372,6 +372,38 @@ def test_a_rename_cut_in_half_by_a_failure_is_completed(mount):
         mounts.remove_workdir(marker.parent)
 
 
+def test_a_replay_over_newer_changes_leaves_rotated_files_alone(mount):
+    """fuse2fs's image may hold changes newer than the redo log's last checkpoint (it flushes
+    at every rename), and replaying the log by name over it must not mistake a newer file for
+    an older one of the same name. Here, a rotation (log.1 -> log.2, log -> log.1, a new log)
+    of files a checkpoint has made durable, then a kill before the next checkpoint: replayed
+    by name alone, the first rename would move the old log over log.2, and "first" would be
+    lost."""
+    config = CHAOS_CONFIG + DRIVER_CONFIG["fuse2fs"] + toml(checkpoint_interval_ms=300)
+    with mount("fuse2fs", "rebound", config=config) as m:
+        for attempt in range(5):
+            d = m.mnt / f"attempt-{attempt}"
+            d.mkdir()
+            (d / "log.1").write_bytes(b"first\n")
+            (d / "log").write_bytes(b"second\n")
+            assert wait_serving(m, lambda s: serving(s) and s["redo_log_entries"] == 0), \
+                explain(m, "no checkpoint covered the files")
+            os.rename(d / "log.1", d / "log.2")
+            os.rename(d / "log", d / "log.1")
+            (d / "log").write_bytes(b"third\n")
+            before = len(re.findall(r"logged changes replayed", m.output()))
+            status = wait_serving(m, kill_driver(m, wait_serving(m)))
+            replayed = re.findall(r"recovered .*?: (\d+) logged changes replayed", m.output())
+            if len(replayed) > before and int(replayed[-1]) > 0:
+                break
+            # A checkpoint came between the rotation and the kill: nothing was replayed.
+        else:
+            pytest.fail(explain(m, "every kill came after a checkpoint"))
+        contents = {name: workloads.read_uncached(d / name) for name in ("log", "log.1", "log.2")}
+        assert contents == {"log": b"third\n", "log.1": b"second\n", "log.2": b"first\n"}, \
+            explain(m, contents, status)
+
+
 # --- restart budget ----------------------------------------------------------------------------
 
 @contextlib.contextmanager

@@ -79,6 +79,10 @@ pub struct MountStatus {
     pub second_opinions_confirmed: u64,
     pub nodes: usize,
     pub open_handles: usize,
+    /// Changes the driver acknowledged that no checkpoint has made durable yet (with
+    /// `redo_log`; a restarted driver is given them again).
+    #[serde(default)]
+    pub redo_log_entries: u64,
 }
 
 /// The answer to `restart`.
@@ -159,6 +163,7 @@ impl StatusBoard {
             status.second_opinions = c.stats.doubted.load(Relaxed);
             status.second_opinions_confirmed = c.stats.doubts_confirmed.load(Relaxed);
             status.lost_objects = c.stats.lost_objects.load(Relaxed);
+            status.redo_log_entries = c.stats.redo_entries.load(Relaxed);
             (status.nodes, status.open_handles) = (c.held)();
         }
         status

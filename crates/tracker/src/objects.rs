@@ -512,6 +512,27 @@ impl ObjectTable {
         self.names.get(&(parent, Box::from(name))).copied()
     }
 
+    /// The paths and inode numbers of up to `n` nodes the kernel holds (root excluded) whose
+    /// inode number and path are known.
+    pub fn numbered_paths(&self, n: usize) -> Vec<(Vec<Box<[u8]>>, u64)> {
+        self.nodes
+            .iter()
+            .filter(|(_, node)| node.ino != 0)
+            .filter_map(|(&id, node)| {
+                let path = self.path(id)?;
+                Some((path.into_iter().map(Box::from).collect(), node.ino))
+            })
+            .take(n)
+            .collect()
+    }
+
+    /// The inode number of the file `name` in `parent` leads to, as last seen; 0 if unknown.
+    pub fn ino_named(&self, parent: u64, name: &[u8]) -> u64 {
+        self.node_named(parent, name)
+            .and_then(|node| self.node(node))
+            .map_or(0, |node| node.ino)
+    }
+
     /// The node ids the kernel holds (root excluded).
     pub fn node_count(&self) -> usize {
         self.nodes.len()
@@ -911,6 +932,38 @@ mod tests {
         let mut reply = open_reply(driver_fh);
         table.on_success(pending, &mut reply);
         open_handle(&reply, false).unwrap()
+    }
+
+    #[test]
+    fn inode_numbers_are_known_by_name_and_by_path() {
+        let mut t = ObjectTable::new();
+        let numbered = |node: u64, ino: u64| {
+            let mut entry = EntryOut {
+                nodeid: node,
+                ..Default::default()
+            };
+            entry.attr.ino = ino;
+            zerocopy::IntoBytes::as_bytes(&entry).to_vec()
+        };
+        let dir = PendingChange::of(Change::Entry {
+            parent: ROOT_ID,
+            name: b"d",
+        });
+        t.on_success(dir, &mut numbered(5, 50));
+        let file = PendingChange::of(Change::Entry {
+            parent: 5,
+            name: b"f",
+        });
+        t.on_success(file, &mut numbered(6, 60));
+        looked_up(&mut t, ROOT_ID, b"unnumbered", 7);
+        assert_eq!(t.ino_named(5, b"f"), 60);
+        assert_eq!(t.ino_named(5, b"g"), 0);
+        assert_eq!(t.ino_named(ROOT_ID, b"unnumbered"), 0);
+        let mut paths = t.numbered_paths(8);
+        paths.sort();
+        let path = |names: &[&[u8]]| names.iter().map(|&n| Box::from(n)).collect::<Vec<_>>();
+        assert_eq!(paths, vec![(path(&[b"d"]), 50), (path(&[b"d", b"f"]), 60)]);
+        assert_eq!(t.numbered_paths(1).len(), 1);
     }
 
     #[test]

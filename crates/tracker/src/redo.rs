@@ -27,6 +27,11 @@ pub struct Mutation {
     /// `Request::id_fields`), or `None` for a node without one (unlinked while open): such a
     /// change cannot be replayed.
     pub paths: Vec<Option<Path>>,
+    /// The inode number of the file the change is about when it was acknowledged: the file a
+    /// name leads to (UNLINK, RMDIR, the source of RENAME), the file made (CREATE, MKDIR,
+    /// ...), or the node changed (WRITE, SETATTR, ...); 0 if unknown. A name may lead to
+    /// another file by the time of a replay.
+    pub ino: u64,
 }
 
 /// Beyond this many bytes of entries, the log is dropped (and the loss reported): a driver
@@ -140,6 +145,7 @@ mod tests {
         Mutation {
             request: vec![0u8; len].into(),
             paths: Vec::new(),
+            ino: 0,
         }
     }
 

@@ -111,6 +111,8 @@ pub struct ProxyStats {
     pub doubted: AtomicU64,
     /// Of those, the ones a restarted driver answered with an error too.
     pub doubts_confirmed: AtomicU64,
+    /// Changes in the redo log: acknowledged by the driver, not yet covered by a checkpoint.
+    pub redo_entries: AtomicU64,
 }
 
 /// The channel pair a driver gets in place of `/dev/fuse`: rebound's end and the driver's.
@@ -1275,11 +1277,12 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
     if error == 0 {
         // Committed before the kernel sees the reply, so that a FORGET the reply makes
         // possible can never arrive first; the ids in the reply become the kernel's.
+        if shared.redo.is_some() {
+            // Before the commit, while names still lead where the request found them.
+            record_mutation(shared, &request, body);
+        }
         if request.change != PendingChange::None {
             shared.objects().on_success(request.change.clone(), body);
-        }
-        if shared.redo.is_some() {
-            record_mutation(shared, &request);
         }
         if matches!(
             Opcode::from_raw(request.opcode),
@@ -1312,8 +1315,9 @@ fn kernel_bytes(request: &Inflight) -> Vec<u8> {
     bytes
 }
 
-/// Adds a change the driver acknowledged to the redo log, with the paths of the nodes it names.
-fn record_mutation(shared: &Shared, request: &Inflight) {
+/// Adds a change the driver acknowledged (with `reply`) to the redo log, with the paths of the
+/// nodes it names and the inode number of the file it is about.
+fn record_mutation(shared: &Shared, request: &Inflight, reply: &[u8]) {
     let (Some(redo), Some(op)) = (&shared.redo, Opcode::from_raw(request.opcode)) else {
         return;
     };
@@ -1332,16 +1336,26 @@ fn record_mutation(shared: &Shared, request: &Inflight) {
             fuse_wire::IdField::Handle { .. } => None,
         })
         .collect();
-    let paths = {
+    let (paths, ino) = {
         let objects = shared.objects();
-        nodes
+        let paths = nodes
             .iter()
             .map(|&node| {
                 objects
                     .path(node)
                     .map(|path| path.into_iter().map(Box::from).collect())
             })
-            .collect()
+            .collect();
+        let ino = match &request.change {
+            PendingChange::Entry { .. } | PendingChange::Create { .. } => {
+                tracker::objects::entry_ino(reply, 0)
+            }
+            PendingChange::Remove { parent, name } | PendingChange::Rename { parent, name, .. } => {
+                objects.ino_named(*parent, name)
+            }
+            _ => objects.node(req.header.nodeid).map_or(0, |node| node.ino),
+        };
+        (paths, ino)
     };
     let mut redo = redo.lock().unwrap_or_else(|e| e.into_inner());
     if op == Opcode::Write {
@@ -1350,7 +1364,12 @@ fn record_mutation(shared: &Shared, request: &Inflight) {
     redo.record(tracker::Mutation {
         request: bytes.into(),
         paths,
+        ino,
     });
+    shared
+        .stats
+        .redo_entries
+        .store(redo.len() as u64, Ordering::Relaxed);
 }
 
 /// Rewrites the node ids of a checked notification to the kernel's. Returns false if it names

@@ -214,18 +214,37 @@ pub(super) fn checkpoints(shared: &Shared, interval: Duration, timeout: Duration
                 let mut log = redo.lock().unwrap_or_else(|e| e.into_inner());
                 log.checkpointed(mark);
                 tracing::debug!("checkpoint: {} changes left in the redo log", log.len());
+                shared
+                    .stats
+                    .redo_entries
+                    .store(log.len() as u64, Ordering::Relaxed);
                 break;
             }
         }
     }
 }
 
-/// Walks paths in a driver during a replay, remembering what it found and the lookups it
-/// made the driver hand out (forgotten at the end).
+/// Walks paths in a driver during a replay, remembering what it found (node, inode number)
+/// and the lookups it made the driver hand out (forgotten at the end).
 #[derive(Default)]
 struct Walker {
-    found: HashMap<tracker::redo::Path, u64>,
+    found: HashMap<tracker::redo::Path, (u64, u64)>,
     lookups: HashMap<u64, u64>,
+    /// Whether the driver's inode numbers survived the restart, so that they tell whether a
+    /// name still leads to the file a logged change was about.
+    numbers_kept: bool,
+    /// Inode numbers of files the replay made again: logged number → the new file's.
+    renumbered: HashMap<u64, u64>,
+}
+
+impl Walker {
+    /// Whether `ino` (found now) is the file logged as `logged`; true when that cannot be told.
+    fn same_file(&self, logged: u64, ino: u64) -> bool {
+        !self.numbers_kept
+            || logged == 0
+            || ino == 0
+            || ino == self.renumbered.get(&logged).copied().unwrap_or(logged)
+    }
 }
 
 /// A driver and the means to talk to it.
@@ -461,42 +480,67 @@ impl NewDriver<'_> {
         Ok(synced.is_ok())
     }
 
-    /// The driver's node at `path`, looked up component by component.
-    fn walk(&self, walker: &mut Walker, path: &[Box<[u8]>]) -> io::Result<Option<u64>> {
-        let mut node = fuse_wire::abi::ROOT_ID;
+    /// The driver's node at `path`, looked up component by component, and its inode number
+    /// (0 for the root, which is not looked up).
+    fn walk(&self, walker: &mut Walker, path: &[Box<[u8]>]) -> io::Result<Option<(u64, u64)>> {
+        let mut found = (fuse_wire::abi::ROOT_ID, 0);
         for depth in 0..path.len() {
             let prefix = &path[..=depth];
-            if let Some(&found) = walker.found.get(prefix) {
-                node = found;
+            if let Some(&known) = walker.found.get(prefix) {
+                found = known;
                 continue;
             }
-            match self.lookup(node, &path[depth])? {
-                Some((found, _)) => {
-                    *walker.lookups.entry(found).or_default() += 1;
-                    walker.found.insert(prefix.to_vec(), found);
-                    node = found;
+            match self.named(walker, found.0, &path[depth])? {
+                Some(next) => {
+                    walker.found.insert(prefix.to_vec(), next);
+                    found = next;
                 }
                 None => return Ok(None),
             }
         }
-        Ok(Some(node))
+        Ok(Some(found))
     }
 
-    /// Whether `name` exists in the driver's directory `parent`.
-    fn exists(&self, walker: &mut Walker, parent: u64, name: &[u8]) -> io::Result<bool> {
-        Ok(match self.lookup(parent, name)? {
-            Some((found, _)) => {
-                *walker.lookups.entry(found).or_default() += 1;
-                true
+    /// The node `name` in the driver's directory `parent` leads to and its inode number, if
+    /// it exists.
+    fn named(
+        &self,
+        walker: &mut Walker,
+        parent: u64,
+        name: &[u8],
+    ) -> io::Result<Option<(u64, u64)>> {
+        Ok(self.lookup(parent, name)?.map(|(node, entry)| {
+            *walker.lookups.entry(node).or_default() += 1;
+            (node, tracker::objects::entry_ino(&entry, 0))
+        }))
+    }
+
+    /// Whether the driver's inode numbers survived the restart: every file of a sample the
+    /// kernel holds that the driver still has under its name has the number it had. (libfuse's
+    /// high-level API without `use_ino` numbers files afresh in each process.)
+    fn numbers_kept(&self, walker: &mut Walker) -> io::Result<bool> {
+        let sample = self.shared.objects().numbered_paths(8);
+        let mut compared = 0;
+        for (path, ino) in sample {
+            if let Some((_, now)) = self.walk(walker, &path)? {
+                if now != ino {
+                    return Ok(false);
+                }
+                compared += 1;
             }
-            None => false,
-        })
+        }
+        Ok(compared > 0)
     }
 
     /// Applies the logged changes again, by path, skipping what is already done (the image
-    /// may hold part of them). Returns how many were applied and how many could not be.
+    /// may hold part of them, and newer changes too: where the driver's inode numbers survive
+    /// restarts, a change is skipped when its name now leads to another file). Returns how
+    /// many were applied and how many could not be.
     fn replay(&self, entries: &[tracker::Mutation]) -> io::Result<(usize, usize)> {
         let mut walker = Walker::default();
+        if !entries.is_empty() {
+            walker.numbers_kept = self.numbers_kept(&mut walker)?;
+        }
         let (mut applied, mut skipped) = (0, 0);
         for mutation in entries {
             let what = mutation
@@ -546,26 +590,29 @@ impl NewDriver<'_> {
             return Ok(false);
         }
         let mut nodes = Vec::with_capacity(node_fields.len());
+        let mut node_ino = 0;
         for (at, path) in node_fields.iter().zip(&mutation.paths) {
             let Some(path) = path else {
                 return Ok(false);
             };
-            let Some(node) = self.walk(walker, path)? else {
+            let Some((node, ino)) = self.walk(walker, path)? else {
                 return Ok(false);
             };
             write_u64(&mut bytes, *at, node);
+            if nodes.is_empty() {
+                node_ino = ino;
+            }
             nodes.push(node);
         }
         let body = size::IN_HEADER;
         let first = nodes.first().copied().unwrap_or(fuse_wire::abi::ROOT_ID);
+        let logged = mutation.ino;
         match (op, &change) {
             (Some(Opcode::Create), PendingChange::Create { name, flags, .. }) => {
-                if self.exists(walker, first, name)? {
-                    if flags & OFlags::TRUNC.bits() != 0 {
-                        if let Some((node, _)) = self.lookup(first, name)? {
-                            *walker.lookups.entry(node).or_default() += 1;
-                            let _ = self.call(truncate_request(0, node), ReplyShape::Attr)?;
-                        }
+                if let Some((node, ino)) = self.named(walker, first, name)? {
+                    // Made before (or the name now leads to a newer file: leave it alone).
+                    if flags & OFlags::TRUNC.bits() != 0 && walker.same_file(logged, ino) {
+                        let _ = self.call(truncate_request(0, node), ReplyShape::Attr)?;
                     }
                     return Ok(true);
                 }
@@ -573,11 +620,11 @@ impl NewDriver<'_> {
                 let flags = flags & !OFlags::EXCL.bits();
                 bytes[body..body + 4].copy_from_slice(&flags.to_ne_bytes());
                 if let Ok(reply) = self.call(bytes, shape)? {
+                    self.made_again(walker, logged, &reply);
                     if let (Some(node), Some(fh)) = (
                         read_u64(&reply, 0),
                         fuse_wire::change::open_handle(&reply, true),
                     ) {
-                        *walker.lookups.entry(node).or_default() += 1;
                         self.release(node, fh, flags, false);
                     }
                 }
@@ -586,16 +633,19 @@ impl NewDriver<'_> {
                 Some(Opcode::Mknod | Opcode::Mkdir | Opcode::Symlink | Opcode::Link),
                 PendingChange::Entry { name, .. },
             ) => {
-                if !self.exists(walker, first, name)? {
+                if self.named(walker, first, name)?.is_none() {
                     if let Ok(reply) = self.call(bytes, shape)? {
-                        if let Some(node) = read_u64(&reply, 0) {
-                            *walker.lookups.entry(node).or_default() += 1;
-                        }
+                        self.made_again(walker, logged, &reply);
                     }
                 }
             }
             (Some(Opcode::Unlink | Opcode::Rmdir), PendingChange::Remove { name, .. }) => {
-                let done = !self.exists(walker, first, name)? || self.call(bytes, shape)?.is_ok();
+                let done = match self.named(walker, first, name)? {
+                    None => true,
+                    // The name now leads to a newer file: the removal was done before.
+                    Some((_, ino)) if !walker.same_file(logged, ino) => true,
+                    Some(_) => self.call(bytes, shape)?.is_ok(),
+                };
                 walker.found.clear();
                 return Ok(done);
             }
@@ -614,12 +664,17 @@ impl NewDriver<'_> {
                 for (node, _) in source.iter().chain(target.iter()) {
                     *walker.lookups.entry(*node).or_default() += 1;
                 }
+                // Done before if the source is gone, or now leads to a newer file.
                 let done = source.is_none()
+                    || (!exchange && !walker.same_file(logged, ino_of(&source)))
                     || (!exchange && self.complete_half_rename(first, name, &source, &target)?)
                     || self.call(bytes, shape)?.is_ok();
                 walker.found.clear();
                 return Ok(done);
             }
+            // The node's path now leads to another file: the change was to a file since
+            // renamed or removed, and the image has what became of it.
+            _ if !walker.same_file(logged, node_ino) => return Ok(true),
             (Some(Opcode::Write | Opcode::Fallocate), _) => {
                 let write_only = OFlags::WRONLY.bits();
                 let Some(open_out) = self.open(first, write_only, false)? else {
@@ -851,13 +906,10 @@ impl NewDriver<'_> {
                     // Both names exist either way: their files tell (see `exchanged`).
                     let before = {
                         let objects = shared.objects();
-                        let ino = |dir: u64, name: &[u8]| {
-                            objects
-                                .node_named(dir, name)
-                                .and_then(|node| objects.node(node))
-                                .map_or(0, |node| node.ino)
-                        };
-                        (ino(*parent, name), ino(*new_parent, new_name))
+                        (
+                            objects.ino_named(*parent, name),
+                            objects.ino_named(*new_parent, new_name),
+                        )
                     };
                     exchanged(before, (ino_of(&source), ino_of(&target)))
                 } else if self.complete_half_rename(from, name, &source, &target)? {
@@ -977,6 +1029,18 @@ impl NewDriver<'_> {
                 write_to_kernel(self.shared, queue, &reply);
             }
             Err(_) => answer_in_drivers_place(self.shared, unique, queue, Errno::IO),
+        }
+    }
+
+    /// Notes the inode number of a file the replay made again (`reply`, an entry) in place of
+    /// the logged one's.
+    fn made_again(&self, walker: &mut Walker, logged: u64, reply: &[u8]) {
+        if let Some(node) = read_u64(reply, 0) {
+            *walker.lookups.entry(node).or_default() += 1;
+        }
+        let ino = tracker::objects::entry_ino(reply, 0);
+        if logged != 0 && ino != 0 && ino != logged {
+            walker.renumbered.insert(logged, ino);
         }
     }
 

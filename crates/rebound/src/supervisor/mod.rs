@@ -496,9 +496,11 @@ impl Run<'_> {
                     return;
                 };
                 tracing::info!(
-                    "recovered {}: {} handles reopened, {} lost, {} nodes to look up as \
-                     needed, {} waiting requests resent or settled, in {:.1} ms",
+                    "recovered {}: {} logged changes replayed, {} handles reopened, {} lost, \
+                     {} nodes to look up as needed, {} waiting requests resent or settled, in \
+                     {:.1} ms",
                     s.mountpoint.display(),
+                    restored.replayed,
                     restored.handles,
                     restored.lost,
                     restored.nodes,
