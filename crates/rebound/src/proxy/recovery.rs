@@ -516,20 +516,23 @@ impl NewDriver<'_> {
     }
 
     /// Whether the driver's inode numbers survived the restart: every file of a sample the
-    /// kernel holds that the driver still has under its name has the number it had. (libfuse's
-    /// high-level API without `use_ino` numbers files afresh in each process.)
+    /// kernel holds that the driver still has under its name has the number it had, and
+    /// not every one of them is numbered as the driver's node id. (libfuse's high-level API
+    /// without `use_ino` gives each file its node id, a counter from 2 in each process, so
+    /// the first files looked up may well have their old numbers by chance.)
     fn numbers_kept(&self, walker: &mut Walker) -> io::Result<bool> {
         let sample = self.shared.objects().numbered_paths(8);
-        let mut compared = 0;
+        let (mut compared, mut node_ids) = (0, 0);
         for (path, ino) in sample {
-            if let Some((_, now)) = self.walk(walker, &path)? {
+            if let Some((node, now)) = self.walk(walker, &path)? {
                 if now != ino {
                     return Ok(false);
                 }
                 compared += 1;
+                node_ids += usize::from(node == now);
             }
         }
-        Ok(compared > 0)
+        Ok(compared > node_ids)
     }
 
     /// Applies the logged changes again, by path, skipping what is already done (the image
