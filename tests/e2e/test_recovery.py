@@ -184,20 +184,8 @@ def errname(code):
 
 # --- workloads under chaos ---------------------------------------------------------------------
 
-# Known issue, under investigation: now and then (2 of about 10 runs of each on a loaded
-# machine) fuse2fs under the kill loop ends with one change lost or undone (a deleted file
-# back, or a read that differs), with no application error; at the same time restarted fuse2fs
-# processes close their channel while being restored. Not strict: the tests still run and
-# report XPASS when they pass.
-FUSE2FS_KNOWN_ISSUE = pytest.mark.xfail(
-    reason="fuse2fs under the kill loop rarely loses one change (see README, Status)",
-    strict=False)
-CHAOS_DRIVERS = [pytest.param(d, marks=FUSE2FS_KNOWN_ISSUE) if d == "fuse2fs" else d
-                 for d in DRIVERS]
-
-
 @pytest.mark.parametrize("workload", workloads.WORKLOADS)
-@pytest.mark.parametrize("driver", CHAOS_DRIVERS)
+@pytest.mark.parametrize("driver", DRIVERS)
 def test_workload_survives_driver_failures(mount, tree_tarball, seed, driver, workload):
     if workload == "tree" and (why := mounts.descriptor_shortfall(driver,
                                                                   len(tree_tarball.entries))):
