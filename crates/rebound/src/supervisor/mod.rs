@@ -468,6 +468,11 @@ impl Run<'_> {
     }
 
     fn on_proxy_event(&mut self, event: ProxyEvent) {
+        if self.served.is_none()
+            || (matches!(event, ProxyEvent::DriverGone) && self.unmount_follows_close())
+        {
+            return;
+        }
         let Some(s) = &self.served else {
             return;
         };
@@ -877,6 +882,36 @@ impl Run<'_> {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Whether a driver that closed its channel is unmounting, an orderly end rather than a
+    /// failure. libfuse closes the channel first and then unmounts (`fuse_kern_unmount`), so
+    /// while the process that served still runs (not dying: a crash closes the channel as the
+    /// process dies), its `umount2` may be on the way: waited for, briefly.
+    fn unmount_follows_close(&mut self) -> bool {
+        const GRACE: Duration = Duration::from_millis(200);
+        let serving = self.board.snapshot().driver_pid.unwrap_or(self.driver_pid);
+        if !matches!(self.phase, Phase::Serving) || !process::runs_on(serving) {
+            return false;
+        }
+        let deadline = Instant::now() + GRACE;
+        while self.listener_open && process::runs_on(serving) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
+            let wait = Timespec::try_from(left.min(Duration::from_millis(10))).ok();
+            if matches!(poll(&mut fds, wait.as_ref()), Ok(n) if n > 0) {
+                if let Err(e) = self.on_intercepted_call() {
+                    tracing::debug!("a call while the channel closed: {e}");
+                }
+                if !matches!(self.phase, Phase::Serving) {
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     /// Fails the requests of driver threads that are dying (see [`Proxy::fail_requests_of`]).

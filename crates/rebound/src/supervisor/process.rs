@@ -140,6 +140,16 @@ pub fn dying_threads() -> HashSet<u32> {
     dying
 }
 
+/// Whether process `pid` runs on: it exists, has not exited, and is not dying.
+pub fn runs_on(pid: i32) -> bool {
+    let task = format!("/proc/{pid}");
+    let state: Option<String> = stat_field(&format!("{task}/stat"), 0);
+    let flags: Option<u32> = stat_field(&format!("{task}/stat"), 6);
+    matches!(state.as_deref(), Some(s) if s != "Z" && s != "X")
+        && flags.is_some_and(|f| f & PF_EXITING == 0)
+        && !kill_pending(&task)
+}
+
 /// Whether SIGKILL is pending for the task at `/proc` path `task`, to it or to its process.
 fn kill_pending(task: &str) -> bool {
     let sigkill = 1u64 << (libc::SIGKILL - 1);
