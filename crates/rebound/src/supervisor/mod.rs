@@ -915,18 +915,21 @@ impl Run<'_> {
     }
 
     /// Fails the requests of driver threads that are dying (see [`Proxy::fail_requests_of`]).
-    /// Looked for while the driver is stopped or reaped, and while it serves once a request
-    /// has waited a second: a working driver keeps nothing waiting that long.
+    /// Looked for while the driver is stopped, and while it serves or is reaped once a
+    /// request has waited a second (a working driver keeps nothing waiting that long; the
+    /// look reads `/proc`, which a recovery's latency should not pay for).
     fn answer_for_dying_driver_threads(&self, now: Instant) {
         let Some(s) = &self.served else {
             return;
         };
-        let look = match self.phase {
-            Phase::Stopping { .. } | Phase::Recovering(Step::Reaping { .. }) => true,
-            Phase::Serving => s
-                .proxy
+        let waited = || {
+            s.proxy
                 .waiting_since()
-                .is_some_and(|since| now.duration_since(since) >= Duration::from_secs(1)),
+                .is_some_and(|since| now.duration_since(since) >= Duration::from_secs(1))
+        };
+        let look = match self.phase {
+            Phase::Stopping { .. } => true,
+            Phase::Serving | Phase::Recovering(Step::Reaping { .. }) => waited(),
             _ => false,
         };
         if look {
