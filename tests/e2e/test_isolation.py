@@ -299,6 +299,19 @@ def test_a_driver_killed_while_it_waits_on_its_own_mount_is_restarted(running):
     assert (r.mnt / "good").read_bytes() == b"good data\n"
 
 
+def test_a_driver_that_closes_its_channel_and_then_unmounts_ends_the_run(workdir, rebound_bin):
+    """libfuse ends a driver by closing its channel and then unmounting. A closed channel
+    alone looks like a crash; the unmount that follows says the driver ended on purpose, and
+    rebound must end with it (exit status 0, no restart), not restart it again and again."""
+    mnt = workdir / "mnt"
+    mnt.mkdir()
+    rc, _, err, _ = mounts.run_rebound(
+        ["run", "--", sys.executable, str(ROGUE), "--close-then-unmount", str(mnt)], timeout=30)
+    assert rc == 0, err
+    assert "restarting" not in err and "the driver unmounted its file system" in err, err
+    assert not mounts.is_mounted(mnt)
+
+
 def test_status_reports_the_mount_and_what_the_kernel_holds(running, workdir):
     src = workdir / "src"
     src.mkdir()

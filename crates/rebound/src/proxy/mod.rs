@@ -519,14 +519,7 @@ impl Proxy {
     /// touched its mount point before serving it), so that they can die when killed: a
     /// process waiting on a FUSE request that was read cannot be killed until it is answered.
     pub fn fail_requests_of_driver(&self) {
-        let mine = |request: &Inflight| {
-            request.sent.is_none()
-                && InHeader::read_from_prefix(request.request.bytes())
-                    .is_ok_and(|(header, _)| is_ours(header.pid))
-        };
-        for (unique, request) in self.shared.inflight.take_if(mine) {
-            answer_in_drivers_place(&self.shared, unique, request.queue.into(), Errno::IO);
-        }
+        self.fail_picked(|request, pid| request.sent.is_none() && is_ours(pid));
     }
 
     /// Fails the requests made by `threads` (the driver's threads that are dying). A driver
@@ -535,12 +528,18 @@ impl Proxy {
     /// FLUSH) waits on, fatal signal or not, once the request has been read; no dying driver
     /// answers it, and unanswered the process never finishes dying.
     pub fn fail_requests_of(&self, threads: &HashSet<u32>) {
-        let theirs = |request: &Inflight| {
+        self.fail_picked(|_, pid| threads.contains(&pid));
+    }
+
+    /// Fails with `EIO` the requests in flight that `pick` chooses, given each request and
+    /// the pid of the thread that made it.
+    fn fail_picked(&self, mut pick: impl FnMut(&Inflight, u32) -> bool) {
+        let picked = |request: &Inflight| {
             InHeader::read_from_prefix(request.request.bytes())
-                .is_ok_and(|(header, _)| threads.contains(&header.pid))
+                .is_ok_and(|(header, _)| pick(request, header.pid))
         };
-        for (unique, request) in self.shared.inflight.take_if(theirs) {
-            tracing::debug!("request {unique} of dying driver thread failed with EIO");
+        for (unique, request) in self.shared.inflight.take_if(picked) {
+            tracing::debug!("request {unique} of a driver process failed with EIO");
             answer_in_drivers_place(&self.shared, unique, request.queue.into(), Errno::IO);
         }
     }

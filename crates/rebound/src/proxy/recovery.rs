@@ -662,16 +662,17 @@ impl NewDriver<'_> {
                 },
             ) => {
                 let to = nodes.get(1).copied().unwrap_or(first);
-                let source = self.lookup(first, name)?;
-                let target = self.lookup(to, new_name)?;
-                for (node, _) in source.iter().chain(target.iter()) {
-                    *walker.lookups.entry(*node).or_default() += 1;
-                }
-                // Done before if the source is gone, or now leads to a newer file.
-                let done = source.is_none()
-                    || (!exchange && !walker.same_file(logged, ino_of(&source)))
-                    || (!exchange && self.complete_half_rename(first, name, &source, &target)?)
-                    || self.call(bytes, shape)?.is_ok();
+                let done = match self.named(walker, first, name)? {
+                    None => true,
+                    Some(_) if *exchange => self.call(bytes, shape)?.is_ok(),
+                    // The name now leads to a newer file: the rename was done before.
+                    Some((_, ino)) if !walker.same_file(logged, ino) => true,
+                    Some((_, ino)) => {
+                        let target = self.named(walker, to, new_name)?.map_or(0, |(_, t)| t);
+                        self.complete_half_rename(first, name, ino, target)?
+                            || self.call(bytes, shape)?.is_ok()
+                    }
+                };
                 walker.found.clear();
                 return Ok(done);
             }
@@ -915,7 +916,7 @@ impl NewDriver<'_> {
                         )
                     };
                     exchanged(before, (ino_of(&source), ino_of(&target)))
-                } else if self.complete_half_rename(from, name, &source, &target)? {
+                } else if self.complete_half_rename(from, name, ino_of(&source), ino_of(&target))? {
                     Some(true)
                 } else {
                     Some(source.is_none() && target.is_some())
@@ -1047,21 +1048,21 @@ impl NewDriver<'_> {
         }
     }
 
-    /// Completes a rename the driver did half of: `name` in `from` and the target (`source`
-    /// and `target`, as looked up) lead to the same file. The kernel never sends a rename of
-    /// two names of one file (it has nothing to do), so only a rename cut between linking the
-    /// new name and removing the old one leaves this (fuse2fs's, once `e2fsck` has counted
-    /// both links); sent again, the driver would do nothing, as POSIX says, and the old name
-    /// would stay. Returns whether it found one and removed the old name.
+    /// Completes a rename the driver did half of: `name` in `from` and the target lead to the
+    /// same file (inode numbers `source` and `target` as looked up now; 0 for none). The
+    /// kernel never sends a rename of two names of one file (it has nothing to do), so only a
+    /// rename cut between linking the new name and removing the old one leaves this
+    /// (fuse2fs's, once `e2fsck` has counted both links); sent again, the driver would do
+    /// nothing, as POSIX says, and the old name would stay. Returns whether it found one and
+    /// removed the old name.
     fn complete_half_rename(
         &self,
         from: u64,
         name: &[u8],
-        source: &Option<(u64, Vec<u8>)>,
-        target: &Option<(u64, Vec<u8>)>,
+        source: u64,
+        target: u64,
     ) -> io::Result<bool> {
-        let ino = ino_of(source);
-        if ino == 0 || ino != ino_of(target) {
+        if source == 0 || source != target {
             return Ok(false);
         }
         tracing::info!(

@@ -468,9 +468,7 @@ impl Run<'_> {
     }
 
     fn on_proxy_event(&mut self, event: ProxyEvent) {
-        if self.served.is_none()
-            || (matches!(event, ProxyEvent::DriverGone) && self.unmount_follows_close())
-        {
+        if matches!(event, ProxyEvent::DriverGone) && self.unmount_follows_close() {
             return;
         }
         let Some(s) = &self.served else {

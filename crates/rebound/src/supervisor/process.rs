@@ -5,7 +5,8 @@
 //! supervision. rebound starts no other processes, so "rebound's descendants" is exactly the
 //! driver's tree.
 //!
-//! Owns: reaping, listing descendants, signalling them. Must not: decide when to do so.
+//! Owns: reaping, listing descendants, signalling them, and reading their state in `/proc`
+//! (parents, groups, whether they are dying). Must not: decide when to do so.
 
 use std::collections::{HashMap, HashSet};
 
@@ -117,11 +118,9 @@ pub fn process_group_of(pid: i32) -> Option<i32> {
 /// `PF_EXITING` in a task's flags (field 6 after the command name): the task is in `exit(2)`.
 const PF_EXITING: u32 = 0x4;
 
-/// The threads of rebound's descendants that are dying: in `exit(2)`, or with a SIGKILL
-/// pending (which a process dying of any signal sends each of its threads) that they have not
-/// yet acted on, because they wait in a system call only an answer ends.
+/// The threads of rebound's descendants that are dying (see [`dying`]).
 pub fn dying_threads() -> HashSet<u32> {
-    let mut dying = HashSet::new();
+    let mut found = HashSet::new();
     for pid in descendants() {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
             continue;
@@ -130,24 +129,27 @@ pub fn dying_threads() -> HashSet<u32> {
             .flatten()
             .filter_map(|t| t.file_name().to_str()?.parse().ok())
         {
-            let task = format!("/proc/{pid}/task/{tid}");
-            let flags: Option<u32> = stat_field(&format!("{task}/stat"), 6);
-            if flags.is_some_and(|f| f & PF_EXITING != 0) || kill_pending(&task) {
-                dying.insert(tid);
+            if dying(&format!("/proc/{pid}/task/{tid}")) {
+                found.insert(tid);
             }
         }
     }
-    dying
+    found
 }
 
 /// Whether process `pid` runs on: it exists, has not exited, and is not dying.
 pub fn runs_on(pid: i32) -> bool {
     let task = format!("/proc/{pid}");
     let state: Option<String> = stat_field(&format!("{task}/stat"), 0);
+    matches!(state.as_deref(), Some(s) if s != "Z" && s != "X") && !dying(&task)
+}
+
+/// Whether the task at `/proc` path `task` is dying: in `exit(2)`, or with a SIGKILL pending
+/// (which a process dying of any signal sends each of its threads) that it has not yet acted
+/// on, because it waits in a system call only an answer ends.
+fn dying(task: &str) -> bool {
     let flags: Option<u32> = stat_field(&format!("{task}/stat"), 6);
-    matches!(state.as_deref(), Some(s) if s != "Z" && s != "X")
-        && flags.is_some_and(|f| f & PF_EXITING == 0)
-        && !kill_pending(&task)
+    flags.is_some_and(|f| f & PF_EXITING != 0) || kill_pending(task)
 }
 
 /// Whether SIGKILL is pending for the task at `/proc` path `task`, to it or to its process.
