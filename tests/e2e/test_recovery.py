@@ -350,7 +350,8 @@ def test_a_rename_cut_in_half_by_a_failure_is_completed(mount):
             (m.mnt / "b").write_text("B")
             os.rename(m.mnt / "a", m.mnt / "b")
             assert marker.exists(), explain(m, "the driver did not die in the rename")
-            status = mount_status(m.mnt)
+            # The supervisor hears of the recovery just after the rename's answer went out.
+            status = wait_serving(m, lambda s: serving(s) and s["restarts"] >= 1)
             assert status["restarts"] == 1, explain(m, status)
             assert sorted(os.listdir(m.src)) == ["b"], \
                 explain(m, f"the backing directory holds {sorted(os.listdir(m.src))}")
