@@ -45,4 +45,14 @@ if ! command -v cargo >/dev/null 2>&1; then
     apt-get install -y -qq cargo rustc >/dev/null
   fi
 fi
-[ -e /dev/fuse ] || { echo "deps: /dev/fuse is missing: load the fuse module (modprobe fuse)" >&2; exit 1; }
+[ -e /dev/fuse ] || modprobe fuse 2>/dev/null || true
+[ -e /dev/fuse ] || { echo "deps: /dev/fuse is missing and \`modprobe fuse\` did not add it" >&2; exit 1; }
+
+# fusectl: the tests and the demo read a connection's waiting requests there and abort a stuck
+# one. systemd mounts it at boot; a machine without systemd (a container, a CI runner) may not.
+fusectl=/sys/fs/fuse/connections
+if ! mountpoint -q "$fusectl"; then
+  echo "deps: mounting fusectl on $fusectl" >&2
+  mount -t fusectl fusectl "$fusectl" \
+    || { echo "deps: cannot mount fusectl on $fusectl" >&2; exit 1; }
+fi

@@ -95,6 +95,17 @@ pub enum Profile {
     Off,
 }
 
+impl Profile {
+    /// The name the config file gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Strict => "strict",
+            Profile::Default => "default",
+            Profile::Off => "off",
+        }
+    }
+}
+
 /// `[limits]`: resources per driver (its cgroup and rlimits), and the hoarding checks.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -197,7 +197,9 @@ fn run_step(step: &Step) -> io::Result<()> {
             let fd = unsafe {
                 libc::open(
                     path.as_ptr(),
-                    libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC,
+                    // Read-only: the file may already be there in a read-only bind (a
+                    // writable file in a read-only directory), where O_WRONLY would fail.
+                    libc::O_RDONLY | libc::O_CREAT | libc::O_CLOEXEC,
                     0o644,
                 )
             };

@@ -105,6 +105,10 @@ struct Run<'a> {
     /// What the driver's stderr lines are prefixed with in the log: its mount point, once known.
     log_label: Arc<Mutex<String>>,
     stderr_loggers: Vec<JoinHandle<()>>,
+    /// What the driver's program is made of (its sandbox shows it wherever it is).
+    program: Vec<crate::sandbox::program::Part>,
+    /// What the first driver was given that its sandbox hides (repeated if it fails to mount).
+    hidden: Vec<crate::sandbox::Hidden>,
 }
 
 /// Runs `argv` as a FUSE driver behind rebound until the mount ends. Returns the exit code.
@@ -138,14 +142,20 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
     let log_label = Arc::new(Mutex::new(driver_name.clone()));
     let mut watch = hoarding::Watch::new(&config.limits);
     watch.driver_started(cgroup.as_ref());
+    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    let program = crate::sandbox::program::find(argv, &cwd, &|var| std::env::var_os(var));
+    for part in &program {
+        tracing::debug!("sandbox: shows {} ({})", part.path.display(), part.what);
+    }
     let started = start_driver(
         config,
         argv,
+        &program,
         MountPoint::Unknown,
         cgroup.as_ref(),
         log_label.clone(),
     );
-    let (pid, listener, logger) = match started {
+    let (pid, listener, logger, hidden) = match started {
         Ok(started) => started,
         Err(e) => {
             if let Some(cgroup) = &cgroup {
@@ -192,6 +202,8 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         watch,
         log_label,
         stderr_loggers: vec![logger],
+        program,
+        hidden,
     };
 
     loop {
@@ -260,7 +272,8 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
 }
 
 /// Starts the driver in its sandbox and under the seccomp filter; returns its pid, the
-/// filter's listener, and the thread that logs its stderr.
+/// filter's listener, the thread that logs its stderr, and what its sandbox hides of what it
+/// was given (logged at a first start: as a warning when the command line names it).
 ///
 /// A restarted driver that mounts by itself (`MountPoint::Hidden`) runs in a mount namespace
 /// where the mount point it will serve is not mounted: whatever it does to the mount point
@@ -271,10 +284,12 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
 fn start_driver(
     config: &Config,
     argv: &[OsString],
+    program_parts: &[crate::sandbox::program::Part],
     mountpoint: MountPoint<'_>,
     cgroup: Option<&DriverCgroup>,
     log_label: Arc<Mutex<String>>,
-) -> anyhow::Result<(i32, OwnedFd, JoinHandle<()>)> {
+) -> anyhow::Result<(i32, OwnedFd, JoinHandle<()>, Vec<crate::sandbox::Hidden>)> {
+    let first_start = matches!(mountpoint, MountPoint::Unknown);
     let (program, args) = argv.split_first().context("no driver command given")?;
     let mut command = Command::new(program);
     command.args(args).stderr(std::process::Stdio::piped());
@@ -285,16 +300,26 @@ fn start_driver(
         // sandboxed driver's own namespace is built without the mount instead.)
         spawn::outside_mount(&mut command, mountpoint)?;
     }
-    let (sandbox, denied) = crate::sandbox::build(config, argv, mountpoint, procs)
+    let prepared = crate::sandbox::build(config, argv, program_parts, mountpoint, procs)
         .context("preparing the driver's sandbox")?;
-    let (mut child, listener) = spawn::spawn_intercepted(&mut command, &sandbox, &denied)
-        .with_context(|| format!("cannot start driver `{}`", program.to_string_lossy()))?;
+    if first_start {
+        for hidden in &prepared.hidden {
+            if hidden.named_by == "the command line" {
+                tracing::warn!("{hidden}");
+            } else {
+                tracing::debug!("{hidden}");
+            }
+        }
+    }
+    let (mut child, listener) =
+        spawn::spawn_intercepted(&mut command, &prepared.sandbox, &prepared.denied)
+            .with_context(|| format!("cannot start driver `{}`", program.to_string_lossy()))?;
     let stderr = child.stderr.take().context("the driver's stderr")?;
     let logger = std::thread::Builder::new()
         .name("driver-stderr".into())
         .spawn(move || log_lines(stderr, &log_label))
         .context("starting the driver's stderr logger")?;
-    Ok((child.id() as i32, listener, logger))
+    Ok((child.id() as i32, listener, logger, prepared.hidden))
 }
 
 /// Logs each line the driver writes to its stderr, prefixed with `label`, until no process
@@ -627,6 +652,26 @@ impl Run<'_> {
         }
     }
 
+    /// After the first driver failed before mounting: what its sandbox hid of what it was
+    /// given, each with the key that shows it, or how to tell whether the sandbox is the cause.
+    fn explain_sandbox(&self) {
+        let profile = self.config.sandbox.profile;
+        if profile == Profile::Off {
+            return;
+        }
+        for hidden in &self.hidden {
+            tracing::error!("{hidden}");
+        }
+        if self.hidden.is_empty() {
+            tracing::info!(
+                "the driver ran in the `{}` sandbox profile, which showed it everything its \
+                 command line and environment name; `[sandbox] profile = \"off\"` tells \
+                 whether the sandbox is the cause",
+                profile.name()
+            );
+        }
+    }
+
     /// When no driver process is left: what that means in each phase. Returns the exit code
     /// when the run is over.
     fn on_processes_gone(&mut self) -> Option<i32> {
@@ -638,6 +683,7 @@ impl Run<'_> {
             Phase::Starting { .. } => Some(match self.driver_exit {
                 Some(exit) if exit != Exit::Code(0) => {
                     tracing::error!("driver `{driver_name}` failed before mounting ({exit})");
+                    self.explain_sandbox();
                     exit.shell_code()
                 }
                 _ => {
@@ -832,9 +878,10 @@ impl Run<'_> {
                     None => MountPoint::Unknown,
                 };
                 self.watch.driver_started(self.cgroup.as_ref());
-                let (pid, listener, logger) = start_driver(
+                let (pid, listener, logger, _) = start_driver(
                     self.config,
                     self.argv,
+                    &self.program,
                     view,
                     self.cgroup.as_ref(),
                     self.log_label.clone(),

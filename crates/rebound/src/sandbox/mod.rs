@@ -6,7 +6,11 @@
 //! Must not: apply any of it (`rebound_sys::sandbox` does, between fork and exec) or make
 //! a path lookup on the driver's mount point (the mount may be waiting for this driver).
 
+pub mod program;
+
+use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
+use std::fs::Metadata;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -143,13 +147,47 @@ pub enum MountPoint<'a> {
     Visible(&'a Path),
 }
 
-/// The sandbox of one driver start, and the system calls its filter denies.
+/// The sandbox of one driver start, the system calls its filter denies, and what the driver
+/// was given (on its command line, in its environment) that its view hides.
+pub struct DriverSandbox {
+    pub sandbox: Sandbox,
+    pub denied: Vec<u32>,
+    pub hidden: Vec<Hidden>,
+}
+
+/// A path the driver's command line or environment names that its view does not show, and the
+/// `[sandbox]` key that would show it: logged, so that a driver failing for want of it is
+/// explained by rebound and not only by the driver's own puzzling error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hidden {
+    pub path: PathBuf,
+    /// Where the driver was given it: "the command line" or "$VAR".
+    pub named_by: String,
+    pub key: &'static str,
+}
+
+impl std::fmt::Display for Hidden {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (named by {}) is hidden by the sandbox; `[sandbox] {} = [{:?}]` shows it",
+            self.path.display(),
+            self.named_by,
+            self.key,
+            self.path
+        )
+    }
+}
+
+/// The sandbox of one driver start: `program` is what the driver's program is made of
+/// ([`program::find`], found once per run), shown read-only wherever it is.
 pub fn build(
     config: &Config,
     argv: &[OsString],
+    program: &[program::Part],
     mountpoint: MountPoint<'_>,
     cgroup_procs: Vec<PathBuf>,
-) -> anyhow::Result<(Sandbox, Vec<u32>)> {
+) -> anyhow::Result<DriverSandbox> {
     let settings = &config.sandbox;
     let limits = &config.limits;
     let mut sandbox = Sandbox {
@@ -165,7 +203,11 @@ pub fn build(
         .rlimits
         .push((libc::RLIMIT_CORE, limits.core_mb.saturating_mul(1 << 20)));
     if settings.profile == Profile::Off {
-        return Ok((sandbox, Vec::new()));
+        return Ok(DriverSandbox {
+            sandbox,
+            denied: Vec::new(),
+            hidden: Vec::new(),
+        });
     }
     sandbox.new_network = !settings.network();
     sandbox.no_new_privs = true;
@@ -181,21 +223,41 @@ pub fn build(
         MountPoint::Unknown => None,
         MountPoint::Hidden(m) | MountPoint::Visible(m) => Some(m),
     };
-    let mut writable = settings.writable_paths.clone();
-    if settings.command_line_paths {
-        writable.extend(command_line_paths(argv, &cwd, known));
+    // Every path bound into the view, and whether the driver may write it; sorted, so that a
+    // directory is bound before what lies below it.
+    let mut grants: BTreeMap<PathBuf, bool> = BTreeMap::new();
+    let mut grant = |path: PathBuf, writable: bool| {
+        // The mount point is the mount's, not a path of the driver's; and a lookup in it
+        // would wait for the driver being started.
+        if known.is_none_or(|m| !path.starts_with(m)) {
+            *grants.entry(path).or_default() |= writable;
+        }
+    };
+    for path in &settings.readable_paths {
+        grant(path.clone(), false);
     }
-    // The mount point is the mount's, not a path of the driver's; and a lookup in it would
-    // wait for the driver being started.
-    writable.retain(|p| known.is_none_or(|m| !p.starts_with(m)));
-    writable.sort();
-    writable.dedup();
-    let mut readable = settings.readable_paths.clone();
-    // The driver's executable, wherever it is installed.
-    readable.extend(executable(argv, &cwd));
-    readable.retain(|p| known.is_none_or(|m| !p.starts_with(m)));
-    readable.sort();
-    readable.dedup();
+    for part in program {
+        grant(part.path.clone(), false);
+    }
+    for path in &settings.writable_paths {
+        grant(path.clone(), true);
+    }
+    if settings.command_line_paths {
+        for path in command_line_paths(argv, &cwd, known) {
+            grant(path, true);
+        }
+    }
+    // Reported at a first start only; a restart's would be the same.
+    let hidden = match known {
+        None => hidden(
+            settings.profile,
+            &grants,
+            argv,
+            &cwd,
+            &mut std::env::vars_os(),
+        ),
+        Some(_) => Vec::new(),
+    };
 
     let stage = Path::new(STAGE);
     std::fs::create_dir_all(stage)?;
@@ -216,11 +278,12 @@ pub fn build(
             // mount does not stop a write to a disk), and /run and /tmp with the host's
             // sockets (the system bus, container runtimes: uid 0 is root to them).
             private_dirs(&mut steps, &inside);
-            for path in readable.iter().filter(|p| is_private(p)) {
-                bind(&mut steps, &inside, path, false, true);
-            }
-            for path in &writable {
-                bind(&mut steps, &inside, path, true, is_private(path));
+            // The rest of the view is the host's, read-only: only what is writable, or in a
+            // private directory, needs a bind.
+            for (path, &writable) in &grants {
+                if writable || is_private(path) {
+                    bind(&mut steps, &inside, path, writable, is_private(path));
+                }
             }
         }
         Profile::Strict => {
@@ -254,11 +317,11 @@ pub fn build(
                 }
             }
             private_dirs(&mut steps, &inside);
-            for path in &readable {
-                bind(&mut steps, &inside, path, false, true);
-            }
-            for path in &writable {
-                bind(&mut steps, &inside, path, true, true);
+            for (path, &writable) in &grants {
+                let shown = SYSTEM_DIRS.iter().any(|d| path.starts_with(d));
+                if writable || !shown {
+                    bind(&mut steps, &inside, path, writable, true);
+                }
             }
         }
         Profile::Off => unreachable!("handled above"),
@@ -318,7 +381,11 @@ pub fn build(
         .collect();
     denied.sort_unstable();
     denied.dedup();
-    Ok((sandbox, denied))
+    Ok(DriverSandbox {
+        sandbox,
+        denied,
+        hidden,
+    })
 }
 
 /// Binds `path` (a file or a directory; missing ones are skipped) into the new root; under
@@ -416,10 +483,14 @@ fn ancestors(path: &Path) -> Vec<&Path> {
     all
 }
 
-/// Existing regular files and directories named on the command line, alone or as the value of
-/// an option (`-o source=/srv,IdentityFile=/k`), outside `/dev`, `/proc` and `/sys`, and block
-/// devices; never the mount point once it is known (never looked up: it may wait for this very driver).
-fn command_line_paths(argv: &[OsString], cwd: &Path, mountpoint: Option<&Path>) -> Vec<PathBuf> {
+/// Every existing path named on the command line, alone or as the value of an option
+/// (`-o source=/srv,IdentityFile=/k`), normalised; never `/`, nor the mount point once it is
+/// known (never looked up: it may wait for this very driver).
+fn named_paths(
+    argv: &[OsString],
+    cwd: &Path,
+    mountpoint: Option<&Path>,
+) -> Vec<(PathBuf, Metadata)> {
     let mut candidates: Vec<&[u8]> = Vec::new();
     for arg in argv.iter().skip(1) {
         let bytes = arg.as_bytes();
@@ -439,16 +510,81 @@ fn command_line_paths(argv: &[OsString], cwd: &Path, mountpoint: Option<&Path>) 
         if path == Path::new("/") || mountpoint.is_some_and(|m| path.starts_with(m)) {
             continue;
         }
-        let Ok(meta) = std::fs::metadata(&path) else {
+        if let Ok(meta) = std::fs::metadata(&path) {
+            out.push((path, meta));
+        }
+    }
+    out
+}
+
+/// The paths of [`named_paths`] the driver may write: regular files and directories outside
+/// the system's trees (`/dev` but for `/dev/shm`, `/proc`, `/sys`), and block devices (a disk
+/// the driver serves, `fuse2fs /dev/sdb1`, is its own).
+fn command_line_paths(argv: &[OsString], cwd: &Path, mountpoint: Option<&Path>) -> Vec<PathBuf> {
+    named_paths(argv, cwd, mountpoint)
+        .into_iter()
+        .filter(|(path, meta)| {
+            let system = (path.starts_with("/dev") && !path.starts_with("/dev/shm"))
+                || path.starts_with("/proc")
+                || path.starts_with("/sys");
+            meta.file_type().is_block_device() || (!system && (meta.is_file() || meta.is_dir()))
+        })
+        .map(|(path, _)| path)
+        .collect()
+}
+
+/// What the command line and the environment `env` name that the view of `profile` with
+/// `grants` bound will not show (see [`Hidden`]). Only before the first mount: a path in the
+/// mount point would wait for this driver.
+fn hidden(
+    profile: Profile,
+    grants: &BTreeMap<PathBuf, bool>,
+    argv: &[OsString],
+    cwd: &Path,
+    env: &mut dyn Iterator<Item = (OsString, OsString)>,
+) -> Vec<Hidden> {
+    let visible = |path: &Path| {
+        if grants.keys().any(|g| path.starts_with(g)) {
+            return true;
+        }
+        if let Ok(rest) = path.strip_prefix("/dev") {
+            return rest.starts_with("fd")
+                || DEVICES.iter().any(|d| rest == Path::new(d))
+                || RESOLVER_DIRS.iter().any(|d| path.starts_with(d));
+        }
+        match profile {
+            Profile::Strict => SYSTEM_DIRS.iter().any(|d| path.starts_with(d)),
+            _ => !is_private(path) || RESOLVER_DIRS.iter().any(|d| path.starts_with(d)),
+        }
+    };
+    let mut out: Vec<Hidden> = Vec::new();
+    for (path, _) in named_paths(argv, cwd, None) {
+        if !visible(&path) {
+            out.push(Hidden {
+                path,
+                named_by: "the command line".into(),
+                key: "writable_paths",
+            });
+        }
+    }
+    for (var, value) in env {
+        // The shell's own bookkeeping, not something given to the driver.
+        if ["PWD", "OLDPWD", "_"].iter().any(|v| var == *v) {
             continue;
-        };
-        // A disk the driver serves (`fuse2fs /dev/sdb1`) is its own; nothing else of /dev,
-        // /proc or /sys is.
-        let system = ["/dev", "/proc", "/sys"]
-            .iter()
-            .any(|p| path.starts_with(p));
-        if meta.file_type().is_block_device() || (!system && (meta.is_file() || meta.is_dir())) {
-            out.push(path);
+        }
+        for entry in value.as_bytes().split(|&b| b == b':') {
+            let path = Path::new(OsStr::from_bytes(entry));
+            if !path.is_absolute() || !path.exists() {
+                continue;
+            }
+            let path = normalize(path);
+            if !visible(&path) && out.iter().all(|h| h.path != path) {
+                out.push(Hidden {
+                    path,
+                    named_by: format!("${}", var.to_string_lossy()),
+                    key: "readable_paths",
+                });
+            }
         }
     }
     out
@@ -475,18 +611,6 @@ fn secrets() -> Vec<PathBuf> {
     }
     files.retain(|f| f.is_file());
     files
-}
-
-/// The file `argv[0]` names, found as `execvp` would (through `PATH` when it has no slash).
-fn executable(argv: &[OsString], cwd: &Path) -> Option<PathBuf> {
-    let program = Path::new(argv.first()?);
-    if program.as_os_str().as_bytes().contains(&b'/') {
-        return Some(normalize(&cwd.join(program)));
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|candidate| candidate.is_file())
 }
 
 /// Mount points of FUSE file systems in rebound's namespace.
@@ -569,6 +693,65 @@ mod tests {
             ancestors(Path::new("/a/b")),
             [Path::new("/a"), Path::new("/a/b")]
         );
+    }
+
+    #[test]
+    fn what_the_view_hides_is_reported_with_the_key_that_shows_it() {
+        let dir = std::env::temp_dir().join(format!("rebound-hidden-{}", std::process::id()));
+        let (shown, hid) = (dir.join("shown"), dir.join("hid"));
+        std::fs::create_dir_all(&shown).unwrap();
+        std::fs::create_dir_all(&hid).unwrap();
+        let grants = BTreeMap::from([(shown.clone(), true)]);
+        let argv: Vec<OsString> = vec![
+            "drv".into(),
+            format!("source={},x=/etc", hid.display()).into(),
+            shown.join(".").into(),
+        ];
+        let mut env = vec![
+            ("SOCK_DIR".into(), format!("/usr:{}", hid.display()).into()),
+            ("PWD".into(), dir.clone().into()),
+        ]
+        .into_iter();
+        let found = hidden(Profile::Default, &grants, &argv, Path::new("/"), &mut env);
+        assert_eq!(
+            found,
+            [Hidden {
+                path: hid.clone(),
+                named_by: "the command line".into(),
+                key: "writable_paths"
+            },]
+        );
+        let mut env = vec![("SOCK_DIR".into(), hid.clone().into())].into_iter();
+        let found = hidden(
+            Profile::Strict,
+            &grants,
+            &argv[..1],
+            Path::new("/"),
+            &mut env,
+        );
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            (found[0].named_by.as_str(), found[0].key),
+            ("$SOCK_DIR", "readable_paths")
+        );
+        assert!(
+            found[0].to_string().contains("readable_paths = ["),
+            "{}",
+            found[0]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_scratch_directory_in_dev_shm_is_the_drivers() {
+        let dir = PathBuf::from(format!("/dev/shm/rebound-cl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let argv: Vec<OsString> = vec!["drv".into(), dir.clone().into(), "/dev/null".into()];
+        assert_eq!(
+            command_line_paths(&argv, Path::new("/"), None),
+            std::slice::from_ref(&dir)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
