@@ -1,7 +1,8 @@
 """pytest fixtures of the end-to-end suite.
 
-Owns: the preconditions of a run (root, /dev/fuse, built fixtures, the rebound binary for
-rebound-mode tests), the session's private sshd, the `mount` factory every test mounts with,
+Owns: the preconditions of a run (root, /dev/fuse, fusectl, built fixtures, the rebound
+binary for rebound-mode tests), the session's copy of the fixture drivers under /tmp (every
+driver runs from there, as from a checkout under /tmp), the session's private sshd, the `mount` factory every test mounts with,
 the `direct` / `rebound` markers (from a test's `mode` parameter, so `-m direct` selects the
 tests that need no rebound binary), the `recovery` marker, the tree workload's tarball (built
 once per session), and a last check that the session left no mount behind.
@@ -47,9 +48,14 @@ def preconditions():
     if missing:
         pytest.exit(f"fixture drivers not built ({', '.join(missing)}): run tests/setup.sh",
                     returncode=1)
+    if not os.path.ismount(mounts.FUSECTL):
+        pytest.exit(f"fusectl is not mounted on {mounts.FUSECTL}: run tests/setup.sh",
+                    returncode=1)
     # What an interrupted earlier run left is removed first, so that it is not blamed on us.
     mounts.reap_stale_workdirs()
+    programs = mounts.install_programs()
     yield
+    mounts.remove_workdir(programs)
     # Nothing may outlive the session: no mount and no directory of ours under /tmp.
     left = mounts.workdirs(owner=os.getpid())
     for path in left:

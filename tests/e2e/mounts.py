@@ -23,6 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_BIN = REPO / "tests" / ".build" / "bin"
+FIXTURES = REPO / "tests" / "fixtures"
 TMP_PREFIX = "rebound-e2e-"
 OWNER = "owner.pid"
 
@@ -41,8 +42,33 @@ def rebound_bin():
     return path if path.is_absolute() else REPO / path
 
 
+# Where the drivers of the suite are run from: the checkout until install_programs() copies
+# them under /tmp for the session.
+PROGRAMS = {"bin": BUILD_BIN, "scripts": FIXTURES}
+
+
 def fixture_bin(name):
-    return BUILD_BIN / name
+    """A built fixture driver (tests/setup.sh builds them into tests/.build/bin)."""
+    return PROGRAMS["bin"] / name
+
+
+def fixture_script(name):
+    """A fixture driver script of tests/fixtures (rogue_driver.py, hostile_driver.py)."""
+    return PROGRAMS["scripts"] / name
+
+
+def install_programs():
+    """Copies the built fixture drivers and the fixture scripts to a fresh /tmp workdir, laid
+    out as in the checkout, and runs every driver of the session from there: a checkout under
+    /tmp is common (CI, a user's scratch clone), and the sandbox hides the rest of /tmp from a
+    driver, so each test checks that a driver still sees its own program there (its
+    executable, a script's sibling modules, an LD_PRELOAD library). Returns the workdir."""
+    d = new_workdir("programs")
+    shutil.copytree(BUILD_BIN, d / "tests" / ".build" / "bin", symlinks=True)
+    shutil.copytree(FIXTURES, d / "tests" / "fixtures",
+                    ignore=shutil.ignore_patterns("gofuse-loopback", "*.c", "__pycache__"))
+    PROGRAMS.update(bin=d / "tests" / ".build" / "bin", scripts=d / "tests" / "fixtures")
+    return d
 
 
 # --- polling, mounts, processes -------------------------------------------------------------

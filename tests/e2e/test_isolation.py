@@ -20,7 +20,9 @@ import pytest
 
 import mounts
 
-ROGUE = Path(__file__).resolve().parents[1] / "fixtures" / "rogue_driver.py"
+def rogue():
+    """The rogue driver script, as the session runs it (mounts.install_programs)."""
+    return mounts.fixture_script("rogue_driver.py")
 BAD_NAMES = ("bad-size", "bad-error", "bad-type", "wrong-unique")
 
 
@@ -38,7 +40,7 @@ def errno_of(action, path, timeout=10):
 class Running:
     """`rebound run -- DRIVER...` in the background, stderr to a file, always cleaned up."""
 
-    def __init__(self, work, driver_argv, config=None, env=None):
+    def __init__(self, work, driver_argv, config=None, env=None, cwd=None):
         self.work = work
         self.mnt = work / "mnt"
         self.mnt.mkdir(exist_ok=True)
@@ -51,7 +53,8 @@ class Running:
             self.proc = subprocess.Popen([str(mounts.rebound_bin()), "run"] + options + ["--"]
                                          + driver_argv,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=err, start_new_session=True, env=env)
+                                         stderr=err, start_new_session=True, env=env,
+                                         cwd=cwd)
 
     def wait_mounted(self):
         def ready():
@@ -93,7 +96,7 @@ def running(workdir, rebound_bin):
 
 
 def test_malformed_replies_are_refused_and_the_mount_goes_on(running):
-    r = running(lambda mnt: [sys.executable, str(ROGUE), str(mnt)],
+    r = running(lambda mnt: [sys.executable, str(rogue()), str(mnt)],
                 config="restart_budget = 50\nrestart_backoff_ms = 0\n")
     assert sorted(os.listdir(r.mnt)) == sorted(BAD_NAMES + ("good", "long-read", "flaky",
                                                              "broken", "alias"))
@@ -141,7 +144,7 @@ def test_an_error_no_working_driver_gives_is_asked_again_of_a_restarted_driver(r
                                                                                  workdir):
     state = workdir / "state"
     state.mkdir()
-    r = running(lambda mnt: [sys.executable, str(ROGUE), str(mnt), str(state)],
+    r = running(lambda mnt: [sys.executable, str(rogue()), str(mnt), str(state)],
                 config="restart_backoff_ms = 0\n")
     # EFAULT from a LOOKUP is the driver failing: a restarted driver is asked, and its answer
     # is what the application gets.
@@ -166,7 +169,7 @@ def test_an_error_no_working_driver_gives_is_asked_again_of_a_restarted_driver(r
 def test_an_impossible_entry_is_asked_again_of_a_restarted_driver(running, workdir):
     state = workdir / "state"
     state.mkdir()
-    r = running(lambda mnt: [sys.executable, str(ROGUE), str(mnt), str(state)],
+    r = running(lambda mnt: [sys.executable, str(rogue()), str(mnt), str(state)],
                 config="restart_backoff_ms = 0\n")
     good = os.stat(r.mnt / "good")
     # The first driver says "alias" is the node the kernel holds as "good", which has one
@@ -183,7 +186,7 @@ def test_an_impossible_entry_is_asked_again_of_a_restarted_driver(running, workd
 def test_with_second_opinions_off_a_drivers_error_goes_through(running, workdir):
     state = workdir / "state"
     state.mkdir()
-    r = running(lambda mnt: [sys.executable, str(ROGUE), str(mnt), str(state)],
+    r = running(lambda mnt: [sys.executable, str(rogue()), str(mnt), str(state)],
                 config="second_opinion = false\n")
     assert errno_of("stat", r.mnt / "flaky") == errno.EFAULT
     status = mount_status(r)
@@ -250,7 +253,7 @@ def driver_waiting_on_its_own_mount(running):
     """A rogue driver, started unconfined so that it sees its mount (the sandbox only shows a
     driver the mounts its helper made, like go-fuse's fusermount3), that holds "good" on its
     own mount open and waits on a lookup of its own; and the pid of that process."""
-    r = running(lambda mnt: [sys.executable, str(ROGUE), "--wait-on-own-mount", str(mnt)],
+    r = running(lambda mnt: [sys.executable, str(rogue()), "--wait-on-own-mount", str(mnt)],
                 config='[sandbox]\nprofile = "off"\n')
     good = str(r.mnt / "good")
 
@@ -306,7 +309,7 @@ def test_a_driver_that_closes_its_channel_and_then_unmounts_ends_the_run(workdir
     mnt = workdir / "mnt"
     mnt.mkdir()
     rc, _, err, _ = mounts.run_rebound(
-        ["run", "--", sys.executable, str(ROGUE), "--close-then-unmount", str(mnt)], timeout=30)
+        ["run", "--", sys.executable, str(rogue()), "--close-then-unmount", str(mnt)], timeout=30)
     assert rc == 0, err
     assert "restarting" not in err and "the driver unmounted its file system" in err, err
     assert not mounts.is_mounted(mnt)

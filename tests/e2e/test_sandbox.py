@@ -29,7 +29,9 @@ from test_isolation import Running, rebound_status
 
 pytestmark = pytest.mark.usefixtures("many_open_files")
 
-HOSTILE = Path(__file__).resolve().parents[1] / "fixtures" / "hostile_driver.py"
+def hostile():
+    """The hostile driver script, as the session runs it (mounts.install_programs)."""
+    return mounts.fixture_script("hostile_driver.py")
 DRIVERS = ["fuse2fs", "passthrough_ll", "sshfs", "gofuse"]
 
 
@@ -133,7 +135,7 @@ def test_forbidden_things_are_denied_and_the_host_is_unaffected(workdir, victim,
     nice_before = os.getpriority(os.PRIO_PROCESS, victim.pid)
     env = dict(os.environ, HOSTILE_VICTIM=str(victim.pid), HOSTILE_OUTSIDE=str(host.outside),
                HOSTILE_DISK=host.disk, HOSTILE_SOCKET=host.sock_path)
-    r = Running(workdir, [sys.executable, str(HOSTILE), "forbidden", str(state),
+    r = Running(workdir, [sys.executable, str(hostile()), "forbidden", str(state),
                           str(workdir / "mnt")], env=env)
     try:
         r.wait_mounted()
@@ -197,7 +199,7 @@ def test_hoarding_is_answered_by_a_restart(workdir, victim, hoard):
     config, cause = HOARDING[hoard]
     state = workdir / "state"
     state.mkdir()
-    r = Running(workdir, [sys.executable, str(HOSTILE), hoard, str(state), str(workdir / "mnt")],
+    r = Running(workdir, [sys.executable, str(hostile()), hoard, str(state), str(workdir / "mnt")],
                 config="restart_backoff_ms = 0\n" + config)
     errors = []
     reads = [0]

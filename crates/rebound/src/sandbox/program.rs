@@ -1,8 +1,8 @@
 //! What the driver's program is made of, wherever it is installed: its executable, the
 //! interpreter a script names and the script an interpreter runs, the directory (or install
 //! prefix) each of them lives in, the library directories their ELF headers name (`RPATH`,
-//! `RUNPATH`, with `$ORIGIN`), and the search paths of its environment (`PYTHONPATH`,
-//! `LD_LIBRARY_PATH`, `LD_PRELOAD`, ...) and working directory. A driver built in `/tmp`, run
+//! `RUNPATH`, with `$ORIGIN`), the search paths of its environment (`PYTHONPATH`,
+//! `LD_LIBRARY_PATH`, `LD_PRELOAD`, ...), and an interpreter's working directory. A driver built in `/tmp`, run
 //! from a virtualenv or imported with `python3 -m` must see these to start at all.
 //!
 //! Owns: finding those paths from the command line, the environment and the ELF files.
@@ -75,7 +75,8 @@ pub fn find(argv: &[OsString], cwd: &Path, env: &dyn Fn(&str) -> Option<OsString
             runners.push(interpreter);
         }
     }
-    if runners.iter().any(|r| is_interpreter(r)) {
+    let interpreted = runners.iter().any(|r| is_interpreter(r));
+    if interpreted {
         let script = argv.iter().skip(1).find_map(|arg| {
             if arg.as_bytes().starts_with(b"-") {
                 return None;
@@ -102,7 +103,11 @@ pub fn find(argv: &[OsString], cwd: &Path, env: &dyn Fn(&str) -> Option<OsString
             }
         }
     }
-    finder.add(cwd, "the working directory".into());
+    // An interpreter looks for modules there (`python3 -m pkg`); a compiled driver's relative
+    // paths are resolved on its command line already.
+    if interpreted {
+        finder.add(cwd, "the working directory".into());
+    }
     finder.parts
 }
 
