@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what rebound, its demo and its tests need on a fresh Debian/Ubuntu machine, as root
-# (`deps.sh bench`: and what the benchmarks need besides).
+# (`deps.sh bench`: and what the benchmarks need besides), then has scripts/host.sh mount what
+# the kernel side lacks (fusectl, a cgroup tree).
 # Idempotent: packages already present are not fetched again, and `apt-get update` runs only
 # when something is missing.
 set -euo pipefail
@@ -45,14 +46,6 @@ if ! command -v cargo >/dev/null 2>&1; then
     apt-get install -y -qq cargo rustc >/dev/null
   fi
 fi
-[ -e /dev/fuse ] || modprobe fuse 2>/dev/null || true
-[ -e /dev/fuse ] || { echo "deps: /dev/fuse is missing and \`modprobe fuse\` did not add it" >&2; exit 1; }
 
-# fusectl: the tests and the demo read a connection's waiting requests there and abort a stuck
-# one. systemd mounts it at boot; a machine without systemd (a container, a CI runner) may not.
-fusectl=/sys/fs/fuse/connections
-if ! mountpoint -q "$fusectl"; then
-  echo "deps: mounting fusectl on $fusectl" >&2
-  mount -t fusectl fusectl "$fusectl" \
-    || { echo "deps: cannot mount fusectl on $fusectl" >&2; exit 1; }
-fi
+# The kernel side: /dev/fuse, fusectl and a cgroup tree, where the system did not provide them.
+"$(dirname "$0")/host.sh"

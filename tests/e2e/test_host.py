@@ -1,6 +1,6 @@
 """What the suite needs of its host, and drivers installed anywhere.
 
-Owns: the proof that set-up provides what a bare machine lacks (fusectl mounted), and that a
+Owns: the proof that set-up provides what a bare machine lacks (fusectl, a cgroup tree), and that a
 driver under the default sandbox still sees its own program wherever it lives — in /tmp (a
 checkout, a build tree, a virtualenv, a script beside its modules) or on a tmpfs in /dev/shm —
 without seeing the rest of /tmp; and that what the sandbox hides of what a driver is given is
@@ -40,6 +40,18 @@ def test_setup_mounts_fusectl_where_it_is_missing():
     finally:
         if not os.path.ismount(mounts.FUSECTL):
             subprocess.run(["mount", "-t", "fusectl", "fusectl", mounts.FUSECTL], check=True)
+
+
+def test_host_set_up_mounts_a_cgroup_tree_where_there_is_none():
+    """In a mount namespace of its own where /sys/fs/cgroup holds nothing (as in a bare
+    container), scripts/host.sh mounts cgroup2 there; the host's tree is not touched."""
+    script = f"umount -R /sys/fs/cgroup && {mounts.REPO / 'scripts' / 'host.sh'} " \
+             "&& stat -f -c %T /sys/fs/cgroup"
+    res = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["cgroup2fs"], res
+    assert "mounting cgroup2" in res.stderr, res.stderr
 
 
 def python_package(work):
