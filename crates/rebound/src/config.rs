@@ -53,6 +53,9 @@ pub struct Config {
     /// After a restarted driver gave the same error, errors are forwarded without a second
     /// opinion for this long: they are real (a failing disk or network).
     pub second_opinion_cooldown_ms: u64,
+    /// Whether a successor is started ahead of a failure, initialised and held at its
+    /// `mount(2)`, so that a recovery does not wait for a process to start.
+    pub standby: StandbyPolicy,
     /// What the driver may see and do.
     pub sandbox: SandboxConfig,
     /// What the driver may consume, and when hoarding means it must be restarted.
@@ -79,6 +82,22 @@ pub struct SandboxConfig {
     pub capabilities: Vec<String>,
     /// System calls of the profile's deny list the driver may make after all (`"ptrace"`).
     pub allow_syscalls: Vec<String>,
+}
+
+/// When a standby successor is kept ready.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StandbyPolicy {
+    /// Unless it cannot be correct: with a `pre_restart` command (the store is repaired after
+    /// a failure, under a successor that opened it before), or for a driver known to read its
+    /// writable store at start (fuse2fs, ntfs-3g, ...: a successor started earlier would serve
+    /// a stale copy of the image's metadata).
+    #[default]
+    Auto,
+    /// Always (the operator knows the driver reads its store lazily).
+    On,
+    /// Never: every restart starts a new process.
+    Off,
 }
 
 /// How tightly the driver is confined.
@@ -197,6 +216,7 @@ impl Default for Config {
             checkpoint_interval_ms: 1_000,
             second_opinion: true,
             second_opinion_cooldown_ms: 60_000,
+            standby: StandbyPolicy::Auto,
             sandbox: SandboxConfig::default(),
             limits: Limits::default(),
         }
@@ -250,6 +270,13 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
+        if self.standby == StandbyPolicy::On && !self.pre_restart.is_empty() {
+            return Err(
+                "standby: \"on\" cannot go with pre_restart, which repairs the store \
+                        after a failure: a standby would have opened it before"
+                    .into(),
+            );
+        }
         if self.mount_timeout_ms == 0 {
             return Err("mount_timeout_ms: must be greater than 0".into());
         }

@@ -71,6 +71,21 @@ struct MountCall {
     data: Option<Vec<u8>>,
 }
 
+impl MountCall {
+    fn is_fuse(&self) -> bool {
+        self.fstype
+            .as_deref()
+            .is_some_and(|t| t == b"fuse" || t.starts_with(b"fuse.") || t.starts_with(b"fuseblk"))
+    }
+}
+
+/// The target of a FUSE `mount(2)` (read from the caller, who waits in it), or `None` for any
+/// other mount or a call that cannot be read.
+pub fn fuse_mount_target(notif: &Notification) -> Option<PathBuf> {
+    let call = read_mount_call(notif).ok()?;
+    call.is_fuse().then_some(call.target)
+}
+
 /// The mount rebound already serves for this driver.
 pub struct Served<'a> {
     pub mountpoint: &'a Path,
@@ -137,10 +152,7 @@ fn handle_mount(
     if !seccomp::id_valid(listener, notif.id) {
         return Ok(Intercepted::Other);
     }
-    let is_fuse = call
-        .fstype
-        .as_deref()
-        .is_some_and(|t| t == b"fuse" || t.starts_with(b"fuse.") || t.starts_with(b"fuseblk"));
+    let is_fuse = call.is_fuse();
     if !is_fuse && sandboxed {
         tracing::warn!(
             "pid {} tried to mount {} ({}); refused: a sandboxed driver mounts only its FUSE \

@@ -12,6 +12,7 @@
 mod hoarding;
 mod intercept;
 mod process;
+mod standby;
 mod targets;
 
 use std::collections::VecDeque;
@@ -72,6 +73,15 @@ enum Step {
     Restoring,
 }
 
+/// What a seccomp listener has to say on one turn of the loop.
+enum Readiness {
+    /// A call to handle.
+    Call,
+    /// Every process under its filter has exited.
+    Gone,
+    Idle,
+}
+
 /// The mount being served.
 struct Served {
     mountpoint: PathBuf,
@@ -109,6 +119,11 @@ struct Run<'a> {
     program: Vec<crate::sandbox::program::Part>,
     /// What the first driver was given that its sandbox hides (repeated if it fails to mount).
     hidden: Vec<crate::sandbox::Hidden>,
+    /// The successor kept ready while the driver serves, and when the next may start.
+    standby: Option<standby::Standby>,
+    standby_pace: standby::StandbyPace,
+    /// Why this run keeps no standby, if it keeps none.
+    standby_not_wanted: Option<String>,
 }
 
 /// Runs `argv` as a FUSE driver behind rebound until the mount ends. Returns the exit code.
@@ -204,20 +219,31 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         stderr_loggers: vec![logger],
         program,
         hidden,
+        standby: None,
+        standby_pace: standby::StandbyPace::new(),
+        standby_not_wanted: standby::not_wanted(config, argv),
     };
+    if let Some(why) = &run.standby_not_wanted {
+        tracing::info!("no standby successor: {why}");
+    }
 
     loop {
         let timeout = run.poll_timeout();
-        let (listener_ready, listener_hup, terminate_ready, child_ready, event_ready, command) = {
+        let (listener, standby, terminate_ready, child_ready, event_ready, command) = {
             let mut fds = vec![
                 PollFd::new(&terminate.reader, PollFlags::IN),
                 PollFd::new(&child_exit.reader, PollFlags::IN),
                 PollFd::new(&events_rx, PollFlags::IN),
                 PollFd::new(&commands_rx, PollFlags::IN),
             ];
-            if run.listener_open {
+            let listener_at = run.listener_open.then(|| {
                 fds.push(PollFd::new(&run.listener, PollFlags::IN));
-            }
+                fds.len() - 1
+            });
+            let standby_at = run.standby.as_ref().map(|standby| {
+                fds.push(PollFd::new(&standby.listener, PollFlags::IN));
+                fds.len() - 1
+            });
             let timespec = Timespec::try_from(timeout).unwrap_or(Timespec {
                 tv_sec: 1,
                 tv_nsec: 0,
@@ -230,17 +256,34 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                 fds.get(i)
                     .is_some_and(|f| f.revents().contains(PollFlags::IN))
             };
-            let hup = fds
-                .get(4)
-                .is_some_and(|f| f.revents().intersects(PollFlags::HUP | PollFlags::ERR));
-            (ready(4), hup, ready(0), ready(1), ready(2), ready(3))
+            let readiness = |at: Option<usize>| {
+                let revents = at.and_then(|i| fds.get(i)).map(PollFd::revents);
+                match revents {
+                    Some(r) if r.contains(PollFlags::IN) => Readiness::Call,
+                    Some(r) if r.intersects(PollFlags::HUP | PollFlags::ERR) => Readiness::Gone,
+                    _ => Readiness::Idle,
+                }
+            };
+            (
+                readiness(listener_at),
+                readiness(standby_at),
+                ready(0),
+                ready(1),
+                ready(2),
+                ready(3),
+            )
         };
 
-        if listener_ready {
-            run.on_intercepted_call()?;
-        } else if listener_hup {
+        match listener {
+            Readiness::Call => run.on_intercepted_call()?,
             // Every process under the filter has exited; nothing more will be reported.
-            run.listener_open = false;
+            Readiness::Gone => run.listener_open = false,
+            Readiness::Idle => {}
+        }
+        match standby {
+            Readiness::Call => run.on_standby_call(),
+            Readiness::Gone => run.drop_standby("its processes all ended", true),
+            Readiness::Idle => {}
         }
         if terminate_ready {
             terminate.drain();
@@ -263,7 +306,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
             child_exit.drain();
         }
         run.reap();
-        if let Some(code) = run.on_processes_gone() {
+        if let Some(code) = run.on_processes_gone(child_ready) {
             run.finish();
             return Ok(code);
         }
@@ -377,6 +420,12 @@ impl Run<'_> {
                 return Ok(());
             }
         };
+        self.on_intercepted(&notif)
+    }
+
+    /// Handles one call of the current driver (one just received, or the held mount of a
+    /// standby that has just become the driver).
+    fn on_intercepted(&mut self, notif: &seccomp::Notification) -> anyhow::Result<()> {
         // From the moment a failure is seen: a driver being killed may still unmount (sshfs
         // does when its ssh process dies first), and that must not take the mount down.
         let recovering = matches!(self.phase, Phase::Recovering(_));
@@ -396,7 +445,7 @@ impl Run<'_> {
                 })
                 .contains(&tgid)
         };
-        match intercept::handle(self.listener.as_fd(), &notif, ours, sandboxed, is_driver) {
+        match intercept::handle(self.listener.as_fd(), notif, ours, sandboxed, is_driver) {
             Intercepted::Mounted(mount) => {
                 *self.log_label.lock().unwrap_or_else(|e| e.into_inner()) =
                     mount.mountpoint.display().to_string();
@@ -430,6 +479,7 @@ impl Run<'_> {
                     mounted_by_helper: mount.by_helper,
                 });
                 self.phase = Phase::Serving;
+                self.keep_standby(Instant::now());
             }
             Intercepted::Reattached {
                 channel,
@@ -474,7 +524,7 @@ impl Run<'_> {
                     if let Some(s) = &self.served {
                         s.proxy.fail_requests();
                     }
-                    process::signal_all(Signal::KILL);
+                    process::signal_all(Signal::KILL, None);
                     *killed = true;
                 }
             }
@@ -544,6 +594,9 @@ impl Run<'_> {
                     }
                 });
                 self.phase = Phase::Serving;
+                // The next failure's successor, started now rather than at the next tick:
+                // failures can come faster than ticks.
+                self.keep_standby(Instant::now());
             }
             ProxyEvent::RecoveryMeasured => {
                 for ms in s.proxy.take_recovery_latencies() {
@@ -627,7 +680,7 @@ impl Run<'_> {
         if let Some(s) = &self.served {
             s.proxy.fail_requests_of_driver();
         }
-        process::signal_all(Signal::KILL);
+        process::signal_all(Signal::KILL, self.standby_pid());
         self.phase = Phase::Recovering(Step::Reaping {
             deadline: Instant::now() + Duration::from_secs(10),
         });
@@ -637,6 +690,10 @@ impl Run<'_> {
         // Reap on every turn: a SIGCHLD can be coalesced with another.
         for (pid, exit) in process::reap_all() {
             tracing::debug!("pid {pid} ended with {exit}");
+            if Some(pid) == self.standby_pid() {
+                self.drop_standby(&format!("it ended ({exit})"), true);
+                continue;
+            }
             if pid != self.driver_pid {
                 continue;
             }
@@ -672,10 +729,26 @@ impl Run<'_> {
         }
     }
 
+    /// Whether no process of the driver is left (a standby's do not count). While serving,
+    /// looked for (beyond the cheap check for no child at all) only once a child exited this
+    /// turn: the look reads `/proc`, and serving turns come with every intercepted splice.
+    fn driver_processes_gone(&self, child_exited: bool) -> bool {
+        if !process::has_children() {
+            return true;
+        }
+        let Some(standby) = self.standby_pid() else {
+            return false;
+        };
+        if matches!(self.phase, Phase::Serving) && !child_exited {
+            return false;
+        }
+        process::children().iter().all(|&pid| pid == standby)
+    }
+
     /// When no driver process is left: what that means in each phase. Returns the exit code
     /// when the run is over.
-    fn on_processes_gone(&mut self) -> Option<i32> {
-        if process::has_children() {
+    fn on_processes_gone(&mut self, child_exited: bool) -> Option<i32> {
+        if !self.driver_processes_gone(child_exited) {
             return None;
         }
         let driver_name = &self.driver_name;
@@ -851,12 +924,14 @@ impl Run<'_> {
                 });
                 if let Some(cause) = cause {
                     self.driver_failed(&cause);
+                } else {
+                    self.keep_standby(now);
                 }
             }
             Phase::Recovering(Step::Reaping { deadline }) if now < *deadline => {
                 // A driver that forks as fast as it can may have made new processes since
                 // the last signal.
-                process::signal_all(Signal::KILL);
+                process::signal_all(Signal::KILL, self.standby_pid());
             }
             Phase::Recovering(Step::Reaping { deadline }) if now >= *deadline => {
                 tracing::warn!("processes of the failed driver do not exit; restarting anyway");
@@ -864,6 +939,9 @@ impl Run<'_> {
             }
             Phase::Recovering(Step::Backoff { until }) if now >= *until => {
                 self.restarts.push_back(now);
+                if self.promote_standby(now)? {
+                    return Ok(());
+                }
                 self.run_pre_restart();
                 // A driver that mounts through fusermount checks its mount by using it (go-fuse
                 // opens a file in it), so it must see it; one that mounts by itself restarts
@@ -920,7 +998,7 @@ impl Run<'_> {
                 if let Some(s) = &self.served {
                     s.proxy.fail_requests();
                 }
-                process::signal_all(Signal::KILL);
+                process::signal_all(Signal::KILL, None);
                 *killed = true;
                 *deadline = now + self.config.stop_timeout();
             }
@@ -1003,7 +1081,7 @@ impl Run<'_> {
         if mounted {
             return;
         }
-        for pid in process::descendants() {
+        for pid in process::descendants_except(self.standby_pid()) {
             let Ok(namespace) = std::fs::File::open(format!("/proc/{pid}/ns/mnt")) else {
                 continue;
             };
@@ -1071,10 +1149,11 @@ impl Run<'_> {
     }
 
     /// Enters the stopping phase; with `signal`, asks every driver process to terminate.
-    fn stopping(&self, signal: bool, exit_code: i32) -> Phase {
+    fn stopping(&mut self, signal: bool, exit_code: i32) -> Phase {
         self.board.update(|s| s.state = "stopping".into());
+        self.drop_standby("the run is stopping", false);
         if signal {
-            process::signal_all(Signal::TERM);
+            process::signal_all(Signal::TERM, None);
         }
         Phase::Stopping {
             deadline: Instant::now() + self.config.stop_timeout(),

@@ -2,8 +2,9 @@
 //!
 //! Drivers daemonize (fork, parent exits) and start helpers (`ssh`, `fusermount3`). rebound
 //! is a child subreaper, so every orphan of the tree becomes its child and nothing escapes
-//! supervision. rebound starts no other processes, so "rebound's descendants" is exactly the
-//! driver's tree.
+//! supervision. rebound starts no other long-lived processes, so "rebound's descendants" is
+//! exactly the driver's tree, and a standby successor's (`standby.rs`), which the callers
+//! that must spare it name.
 //!
 //! Owns: reaping, listing descendants, signalling them, and reading their state in `/proc`
 //! (parents, groups, whether they are dying). Must not: decide when to do so.
@@ -68,8 +69,32 @@ pub fn has_children() -> bool {
     .is_ok()
 }
 
+/// The direct children of this process (running or not yet reaped), from each thread's
+/// `children` file: far cheaper than a walk of `/proc`.
+pub fn children() -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            out.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
+        }
+    }
+    out
+}
+
 /// Every live descendant of this process, parents before children.
 pub fn descendants() -> Vec<i32> {
+    descendants_except(None)
+}
+
+/// Every live descendant of this process but `spare` and its own descendants, parents before
+/// children.
+pub fn descendants_except(spare: Option<i32>) -> Vec<i32> {
     let me = std::process::id() as i32;
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -91,8 +116,9 @@ pub fn descendants() -> Vec<i32> {
     let mut queue = vec![me];
     while let Some(pid) = queue.pop() {
         if let Some(kids) = children.get(&pid) {
-            out.extend_from_slice(kids);
-            queue.extend_from_slice(kids);
+            let kids = kids.iter().copied().filter(|&k| Some(k) != spare);
+            out.extend(kids.clone());
+            queue.extend(kids);
         }
     }
     out
@@ -175,9 +201,9 @@ pub fn thread_group_of(tid: i32) -> Option<i32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Sends `signal` to every live descendant.
-pub fn signal_all(signal: Signal) {
-    for pid in descendants() {
+/// Sends `signal` to every live descendant but `spare` and its descendants.
+pub fn signal_all(signal: Signal, spare: Option<i32>) {
+    for pid in descendants_except(spare) {
         if let Some(pid) = Pid::from_raw(pid) {
             let _ = rustix::process::kill_process(pid, signal);
         }
