@@ -83,7 +83,8 @@ pub struct MountStatus {
     /// `redo_log`; a restarted driver is given them again).
     #[serde(default)]
     pub redo_log_entries: u64,
-    /// The standby successor held ready, if one is (see `supervisor::standby`).
+    /// The standby successor held ready at its `mount(2)`, if one is (see
+    /// `supervisor::standby`).
     #[serde(default)]
     pub standby_pid: Option<i32>,
     /// Recoveries in which a standby successor took over.

@@ -168,7 +168,6 @@ impl Run<'_> {
                     held: None,
                     started: now,
                 });
-                self.board.update(|b| b.standby_pid = Some(pid));
             }
             Err(e) => {
                 let delay = self.standby_pace.failed(now);
@@ -193,7 +192,9 @@ impl Run<'_> {
                 .contains(&tgid)
         });
         if !was_held && standby.held.is_some() {
+            let pid = standby.pid;
             self.standby_pace.succeeded();
+            self.board.update(|b| b.standby_pid = Some(pid));
         }
     }
 

@@ -1,0 +1,75 @@
+"""Standby successors: a driver started ahead of a failure, held at its mount(2), takes over.
+
+Owns: the proof that for each driver that can have one (passthrough_ll, sshfs, go-fuse) a
+standby is kept ready while the driver serves, takes over when the serving driver is killed
+(an open file keeps reading), and is replaced once it has; that a standby dying unused is
+replaced and is not a driver failure; and that fuse2fs, which reads its image at start, gets
+none, with the reason in rebound's log.
+Must not: measure how fast a takeover is (bench/recovery.py does).
+"""
+
+import os
+import signal
+
+import pytest
+
+from chaos import mount_status, serving
+from test_recovery import explain, toml, wait_serving
+
+pytestmark = [pytest.mark.recovery, pytest.mark.rebound,
+              pytest.mark.usefixtures("many_open_files")]
+
+STANDBY_DRIVERS = ["passthrough_ll", "sshfs", "gofuse"]
+
+
+def standby_ready(status):
+    return serving(status) and bool(status.get("standby_pid"))
+
+
+@pytest.mark.parametrize("driver", STANDBY_DRIVERS)
+def test_a_standby_takes_over_from_a_killed_driver(mount, driver):
+    data = os.urandom(256 * 1024)
+    with mount(driver, "rebound", config=toml(restart_backoff_ms=0)) as m:
+        path = m.mnt / "held"
+        path.write_bytes(data)
+        before = wait_serving(m, standby_ready)
+        assert before["standby_pid"] != before["driver_pid"], explain(m, before)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.kill(before["driver_pid"], signal.SIGKILL)
+            after = wait_serving(m, lambda s: serving(s) and s["restarts"] == 1)
+            assert after["standby_takeovers"] == 1, explain(m, "no takeover", after)
+            assert after["failures"] == 1, explain(m, after)
+            # Uncached, so that the read reaches the driver that took over.
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            assert os.pread(fd, len(data), 0) == data, explain(m, "the held file differs")
+        finally:
+            os.close(fd)
+        # The next failure has a successor ready too: another process than the one used.
+        again = wait_serving(m, lambda s: standby_ready(s)
+                             and s["standby_pid"] != before["standby_pid"])
+        assert again["driver_pid"] != again["standby_pid"], explain(m, again)
+
+
+def test_a_standby_dying_unused_is_replaced_and_no_failure(mount):
+    with mount("passthrough_ll", "rebound") as m:
+        (m.mnt / "f").write_text("x")
+        before = wait_serving(m, standby_ready)
+        os.kill(before["standby_pid"], signal.SIGKILL)
+        after = wait_serving(m, lambda s: standby_ready(s)
+                             and s["standby_pid"] != before["standby_pid"])
+        assert (after["failures"], after["restarts"], after["standby_takeovers"]) == (0, 0, 0), \
+            explain(m, after)
+        assert after["driver_pid"] == before["driver_pid"], explain(m, after)
+        assert (m.mnt / "f").read_text() == "x"
+        assert "the standby driver" in m.output() and "ended before it was needed" in m.output()
+
+
+def test_fuse2fs_gets_no_standby(mount):
+    with mount("fuse2fs", "rebound") as m:
+        (m.mnt / "f").write_text("x")
+        status = wait_serving(m)
+        assert "no standby successor: fuse2fs reads its writable store at start" in m.output(), \
+            explain(m, status)
+        assert status["standby_pid"] is None, explain(m, status)
+        assert mount_status(m.mnt)["standby_takeovers"] == 0
