@@ -3,16 +3,20 @@
 Owns: the proof that for each driver that can have one (passthrough_ll, sshfs, go-fuse) a
 standby is kept ready while the driver serves, takes over when the serving driver is killed
 (an open file keeps reading), and is replaced once it has; that a standby dying unused is
-replaced and is not a driver failure; and that fuse2fs, which reads its image at start, gets
-none, with the reason in rebound's log.
+replaced and is not a driver failure; that a user's umount after a restart ends the run, with
+a standby or without (no copy of the mount is left in a driver's namespace to keep the
+connection); and that fuse2fs, which reads its image at start, gets none, with the reason in
+rebound's log.
 Must not: measure how fast a takeover is (bench/recovery.py does).
 """
 
 import os
 import signal
+import subprocess
 
 import pytest
 
+import mounts
 from chaos import mount_status, serving
 from test_recovery import explain, toml, wait_serving
 
@@ -73,3 +77,23 @@ def test_fuse2fs_gets_no_standby(mount):
             explain(m, status)
         assert status["standby_pid"] is None, explain(m, status)
         assert mount_status(m.mnt)["standby_takeovers"] == 0
+
+
+@pytest.mark.parametrize("standby", ["auto", "off"])
+@pytest.mark.parametrize("driver", STANDBY_DRIVERS)
+def test_a_user_umount_after_a_restart_ends_the_run(mount, driver, standby):
+    with mount(driver, "rebound", config=toml(restart_backoff_ms=0, standby=standby)) as m:
+        (m.mnt / "f").write_text("x")
+        ready = standby_ready if standby == "auto" else serving
+        wait_serving(m, ready)
+        rc, out, err, _ = mounts.run_rebound(["restart", str(m.mnt)], timeout=60)
+        assert rc == 0, explain(m, f"rebound restart exited {rc}:\n{out}{err}")
+        wait_serving(m, lambda s: ready(s) and s["restarts"] == 1)
+        assert (m.mnt / "f").read_text() == "x"
+        subprocess.run(["umount", str(m.mnt)], check=True, capture_output=True, timeout=30)
+        try:
+            m.returncode = m.proc.wait(timeout=mounts.STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(explain(m, "rebound still runs after the user's umount"))
+        m.stopped = True
+        assert m.returncode == 0, explain(m, f"rebound exited {m.returncode}")

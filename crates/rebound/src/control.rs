@@ -20,6 +20,7 @@
 //! Must not: change the run it describes other than through the restart trigger the run gave
 //! it; restarting is the supervisor's business.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -30,7 +31,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use crate::proxy::ProxyStats;
+use crate::proxy::{ProxyStats, RecoveryTiming};
 
 /// How long the server waits for a command before answering `status`.
 const COMMAND_WAIT: Duration = Duration::from_millis(200);
@@ -67,6 +68,10 @@ pub struct MountStatus {
     /// Recent recovery latencies, detection to first request served, in milliseconds (the
     /// last 100; see [`StatusBoard::record_recovery`]).
     pub recovery_ms: Vec<f64>,
+    /// The phases of the same recoveries, in milliseconds (`reap`, `backoff`, `pre_restart`,
+    /// `spawn`, `init`, `replay`, `restore`, `first_request`; see `proxy::RecoveryTiming`).
+    #[serde(default)]
+    pub recovery_phases_ms: Vec<BTreeMap<String, f64>>,
     pub driver: Vec<String>,
     pub rebound_pid: u32,
     pub requests: u64,
@@ -133,12 +138,16 @@ impl StatusBoard {
         self.changed.notify_all();
     }
 
-    /// Adds the latency of a finished recovery, keeping the last 100.
-    pub fn record_recovery(&self, ms: f64) {
+    /// Adds the latency of a finished recovery and its phases, keeping the last 100.
+    pub fn record_recovery(&self, timing: &RecoveryTiming) {
         self.update(|s| {
-            s.recovery_ms.push(ms);
+            s.recovery_ms.push(timing.total_ms);
             let excess = s.recovery_ms.len().saturating_sub(KEPT_RECOVERIES);
             s.recovery_ms.drain(..excess);
+            let phases = timing.phases.iter().map(|(p, ms)| (p.to_string(), *ms));
+            s.recovery_phases_ms.push(phases.collect());
+            let excess = s.recovery_phases_ms.len().saturating_sub(KEPT_RECOVERIES);
+            s.recovery_phases_ms.drain(..excess);
         });
     }
 
@@ -613,7 +622,10 @@ mod tests {
                     s.restarts += 1;
                     s.failures += 1;
                 });
-                board.record_recovery(5.0);
+                board.record_recovery(&RecoveryTiming {
+                    total_ms: 5.0,
+                    phases: vec![("spawn", 4.0), ("first_request", 1.0)],
+                });
             });
         });
         let _socket = ControlSocket::start(&dir, board.clone(), trigger).unwrap();
@@ -687,11 +699,17 @@ mod tests {
     fn the_board_keeps_the_last_recoveries_and_wakes_waiters() {
         let board = Arc::new(StatusBoard::default());
         for i in 0..150 {
-            board.record_recovery(f64::from(i));
+            board.record_recovery(&RecoveryTiming {
+                total_ms: f64::from(i),
+                phases: vec![("spawn", f64::from(i))],
+            });
         }
-        let recoveries = board.snapshot().recovery_ms;
+        let status = board.snapshot();
+        let recoveries = status.recovery_ms;
         assert_eq!(recoveries.len(), 100);
         assert_eq!((recoveries[0], recoveries[99]), (50.0, 149.0));
+        assert_eq!(status.recovery_phases_ms.len(), 100);
+        assert_eq!(status.recovery_phases_ms[99]["spawn"], 149.0);
 
         assert!(board
             .wait_until(|s| s.restarts > 0, Duration::from_millis(20))

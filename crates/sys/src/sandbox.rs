@@ -352,8 +352,9 @@ pub fn attach_in_namespace(
     wait_helper(pid)
 }
 
-/// Detaches whatever is mounted at `target` in the mount namespace `namespace`, from a
-/// short-lived child process that enters it (see [`attach_in_namespace`]).
+/// Detaches whatever is mounted at `target` (every mount stacked there) in the mount
+/// namespace `namespace`, from a short-lived child process that enters it (see
+/// [`attach_in_namespace`]).
 pub fn detach_in_namespace(namespace: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
     // SAFETY: as in `attach_in_namespace`: the child makes system calls only.
     let pid = unsafe { libc::fork() };
@@ -363,9 +364,19 @@ pub fn detach_in_namespace(namespace: BorrowedFd<'_>, target: &CStr) -> io::Resu
     if pid == 0 {
         // SAFETY: see above.
         unsafe {
-            let done = libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNS) == 0
-                && libc::umount2(target.as_ptr(), libc::MNT_DETACH) == 0;
-            libc::_exit(if done { 0 } else { *libc::__errno_location() });
+            if libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
+                libc::_exit(*libc::__errno_location());
+            }
+            // Every mount stacked there (a copy placed over a bind of the same mount).
+            let mut detached = 0;
+            while libc::umount2(target.as_ptr(), libc::MNT_DETACH) == 0 {
+                detached += 1;
+            }
+            libc::_exit(if detached > 0 {
+                0
+            } else {
+                *libc::__errno_location()
+            });
         }
     }
     wait_helper(pid)

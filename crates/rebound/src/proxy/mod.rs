@@ -172,12 +172,27 @@ impl Link {
     }
 }
 
-/// Timing of the recovery under way, from detection to the first request served.
+/// Timing of the recovery under way, from detection to the first request served, and of its
+/// phases.
 #[derive(Default)]
 struct RecoveryClock {
     detected: Option<Instant>,
     awaiting_first_reply: bool,
-    latencies: Vec<f64>,
+    /// The phases passed so far, each with the moment it ended, in order.
+    marks: Vec<(&'static str, Instant)>,
+    finished: Vec<RecoveryTiming>,
+}
+
+/// One recovery's latency, from detecting the failure to the first request the new driver
+/// served, and how long each phase took, in order: `reap` (the failed driver's processes
+/// gone), `backoff`, `pre_restart`, `spawn` (until the new driver's `mount(2)`; near nothing
+/// for a standby), `init` (INIT replayed), `replay` (the redo log), `restore` (handles
+/// reopened, requests left in flight settled), `first_request`. A phase a recovery did not go
+/// through is absent.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecoveryTiming {
+    pub total_ms: f64,
+    pub phases: Vec<(&'static str, f64)>,
 }
 
 /// How a proxy protects the driver's work beyond restarting it.
@@ -481,8 +496,14 @@ impl Proxy {
         if clock.detected.is_none() || was_serving {
             clock.detected = Some(Instant::now());
             clock.awaiting_first_reply = false;
+            clock.marks.clear();
         }
         was_serving
+    }
+
+    /// The recovery under way has passed `phase` (see [`RecoveryTiming`]).
+    pub fn recovery_phase_done(&self, phase: &'static str) {
+        mark_recovery_phase(&self.shared, phase);
     }
 
     /// Hands the proxy a new driver's channel: it is brought up to the old driver's state on a
@@ -494,6 +515,7 @@ impl Proxy {
         shared
             .lookup_timeout_ms
             .store(timeout.as_millis() as u64, Ordering::Relaxed);
+        mark_recovery_phase(shared, "spawn");
         let driver = Arc::new(channel);
         *shared.link.write().unwrap_or_else(|e| e.into_inner()) = Link::Recovering {
             attached: Some((driver.clone(), generation)),
@@ -618,15 +640,15 @@ impl Proxy {
         }
     }
 
-    /// Recovery latencies measured since the last call, in milliseconds.
-    pub fn take_recovery_latencies(&self) -> Vec<f64> {
+    /// Recoveries measured since the last call.
+    pub fn take_recovery_timings(&self) -> Vec<RecoveryTiming> {
         std::mem::take(
             &mut self
                 .shared
                 .clock
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .latencies,
+                .finished,
         )
     }
 
@@ -1159,15 +1181,33 @@ fn cache_root_attr(shared: &Shared, attr: &[u8]) {
     *shared.root_attr.lock().unwrap_or_else(|e| e.into_inner()) = Some(attr.to_vec());
 }
 
+/// Records the end of a phase of the recovery under way (none: nothing recorded).
+fn mark_recovery_phase(shared: &Shared, phase: &'static str) {
+    let mut clock = shared.clock.lock().unwrap_or_else(|e| e.into_inner());
+    if clock.detected.is_some() {
+        clock.marks.push((phase, Instant::now()));
+    }
+}
+
 /// Ends the latency measurement of a recovery at the first request the new driver serves.
 fn first_reply_served(shared: &Shared) {
     let mut clock = shared.clock.lock().unwrap_or_else(|e| e.into_inner());
     if clock.awaiting_first_reply {
         clock.awaiting_first_reply = false;
         if let Some(detected) = clock.detected.take() {
-            clock
-                .latencies
-                .push(detected.elapsed().as_secs_f64() * 1000.0);
+            let now = Instant::now();
+            let ms = |from: Instant, to: Instant| to.duration_since(from).as_secs_f64() * 1e3;
+            let mut phases = Vec::new();
+            let mut since = detected;
+            for (phase, at) in std::mem::take(&mut clock.marks) {
+                phases.push((phase, ms(since, at)));
+                since = at;
+            }
+            phases.push(("first_request", ms(since, now)));
+            clock.finished.push(RecoveryTiming {
+                total_ms: ms(detected, now),
+                phases,
+            });
             drop(clock);
             shared.report(ProxyEvent::RecoveryMeasured);
         }

@@ -32,7 +32,8 @@ use tracker::{Inflight, PendingChange, ToDriver};
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::{
-    answer_in_drivers_place, answer_ok, answer_with, write_to_kernel, Link, Shared, POISON_FAILURES,
+    answer_in_drivers_place, answer_ok, answer_with, mark_recovery_phase, write_to_kernel, Link,
+    Shared, POISON_FAILURES,
 };
 
 /// What a recovery restored.
@@ -280,6 +281,7 @@ pub(super) fn restore(
         .unwrap_or_else(|e| e.into_inner())
         .awaiting_first_reply = true;
     new.replay_init()?;
+    mark_recovery_phase(shared, "init");
     let mut restored = Restored::default();
     // Nodes are looked up when first needed; handles are reopened now, their nodes first.
     // Before that, what the failed driver acknowledged and lost is applied again.
@@ -294,6 +296,7 @@ pub(super) fn restore(
         if skipped > 0 {
             tracing::warn!("{skipped} logged changes could not be replayed");
         }
+        mark_recovery_phase(shared, "replay");
     }
     for chunk in plan.handles.chunks(BATCH) {
         new.restore_handles(chunk, &mut restored)?;
@@ -322,6 +325,7 @@ pub(super) fn restore(
         generation,
     };
     drop(link);
+    mark_recovery_phase(shared, "restore");
     shared
         .stats
         .resent

@@ -270,6 +270,9 @@ pub fn build(
                 target: c_path(stage),
                 recursive: true,
             });
+            // Before anything is mounted over them: a copy hidden under the private /tmp
+            // would hold its connection as well as a visible one.
+            steps.extend(detach_fuse_copies(&mountpoint, Profile::Default, &inside));
             steps.push(Step::ReadOnly {
                 target: c_path(stage),
                 recursive: true,
@@ -348,16 +351,8 @@ pub fn build(
             recursive: false,
         });
     }
-    // Copies of other FUSE mounts would keep their connections alive after the host unmounts
-    // them (nothing propagates between the namespaces): drop them. The driver's own mount
-    // stays only where it must see it.
-    for fuse_mount in fuse_mounts() {
-        let keep = matches!(mountpoint, MountPoint::Visible(m) if m == fuse_mount);
-        if !keep {
-            steps.push(Step::Detach(inside(&fuse_mount)));
-        }
-    }
     if settings.profile == Profile::Strict {
+        steps.extend(detach_fuse_copies(&mountpoint, Profile::Strict, &inside));
         steps.push(Step::ReadOnly {
             target: c_path(stage),
             recursive: false,
@@ -386,6 +381,29 @@ pub fn build(
         denied,
         hidden,
     })
+}
+
+/// Copies of the host's FUSE mounts would keep their connections alive after the host
+/// unmounts them (nothing propagates between the namespaces), even hidden under another
+/// mount: they are detached. The driver's own mount stays where it must see it, if this copy
+/// is the one it sees: under `default`, the copy the root's bind made outside the private
+/// directories (one in them is hidden, and the mount is bound again explicitly); under
+/// `strict`, the explicit bind itself.
+fn detach_fuse_copies(
+    mountpoint: &MountPoint<'_>,
+    profile: Profile,
+    inside: &impl Fn(&Path) -> CString,
+) -> Vec<Step> {
+    fuse_mounts()
+        .into_iter()
+        .filter(|fuse_mount| match mountpoint {
+            MountPoint::Visible(m) if *m == fuse_mount => {
+                profile == Profile::Default && is_private(m)
+            }
+            _ => true,
+        })
+        .map(|fuse_mount| Step::Detach(inside(&fuse_mount)))
+        .collect()
 }
 
 /// Binds `path` (a file or a directory; missing ones are skipped) into the new root; under

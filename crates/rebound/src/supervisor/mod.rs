@@ -599,9 +599,18 @@ impl Run<'_> {
                 self.keep_standby(Instant::now());
             }
             ProxyEvent::RecoveryMeasured => {
-                for ms in s.proxy.take_recovery_latencies() {
-                    tracing::info!("serving again {ms:.1} ms after the failure");
-                    self.board.record_recovery(ms);
+                for timing in s.proxy.take_recovery_timings() {
+                    let phases: Vec<String> = timing
+                        .phases
+                        .iter()
+                        .map(|(phase, ms)| format!("{phase} {ms:.1}"))
+                        .collect();
+                    tracing::info!(
+                        "serving again {:.1} ms after the failure ({})",
+                        timing.total_ms,
+                        phases.join(", ")
+                    );
+                    self.board.record_recovery(&timing);
                 }
             }
             ProxyEvent::RecoveryFailed => {
@@ -709,6 +718,13 @@ impl Run<'_> {
         }
     }
 
+    /// The recovery under way has passed `phase` (see `proxy::RecoveryTiming`).
+    fn recovery_phase_done(&self, phase: &'static str) {
+        if let Some(s) = &self.served {
+            s.proxy.recovery_phase_done(phase);
+        }
+    }
+
     /// After the first driver failed before mounting: what its sandbox hid of what it was
     /// given, each with the key that shows it, or how to tell whether the sandbox is the cause.
     fn explain_sandbox(&self) {
@@ -774,6 +790,7 @@ impl Run<'_> {
                 None
             }
             Phase::Recovering(Step::Reaping { .. }) => {
+                self.recovery_phase_done("reap");
                 self.next_restart();
                 None
             }
@@ -935,14 +952,19 @@ impl Run<'_> {
             }
             Phase::Recovering(Step::Reaping { deadline }) if now >= *deadline => {
                 tracing::warn!("processes of the failed driver do not exit; restarting anyway");
+                self.recovery_phase_done("reap");
                 self.next_restart();
             }
             Phase::Recovering(Step::Backoff { until }) if now >= *until => {
                 self.restarts.push_back(now);
+                self.recovery_phase_done("backoff");
                 if self.promote_standby(now)? {
                     return Ok(());
                 }
-                self.run_pre_restart();
+                if !self.config.pre_restart.is_empty() {
+                    self.run_pre_restart();
+                    self.recovery_phase_done("pre_restart");
+                }
                 // A driver that mounts through fusermount checks its mount by using it (go-fuse
                 // opens a file in it), so it must see it; one that mounts by itself restarts
                 // where the mount point is not mounted (see `start_driver`).
@@ -1067,7 +1089,7 @@ impl Run<'_> {
     /// (see `intercept`), which keeps the connection alive after a user's `umount` in the
     /// host: once the host's mount is gone, drop the copy too, so that the connection ends
     /// and the run stops as it would without a sandbox.
-    fn check_helper_mount(&self) {
+    fn check_helper_mount(&mut self) {
         let Some(s) = self.served.as_ref().filter(|s| s.mounted_by_helper) else {
             return;
         };
@@ -1081,20 +1103,34 @@ impl Run<'_> {
         if mounted {
             return;
         }
-        for pid in process::descendants_except(self.standby_pid()) {
-            let Ok(namespace) = std::fs::File::open(format!("/proc/{pid}/ns/mnt")) else {
+        // A standby of such a driver sees the mount too.
+        self.drop_standby("the mount is gone", false);
+        let Some(s) = self.served.as_ref() else {
+            return;
+        };
+        // In every namespace of the driver's processes (a restarted driver's differs from the
+        // first one's, and a helper may have gone meanwhile), once each.
+        let target =
+            std::ffi::CString::new(s.mountpoint.as_os_str().as_encoded_bytes()).unwrap_or_default();
+        let mut seen = std::collections::HashSet::new();
+        for pid in process::descendants() {
+            let path = format!("/proc/{pid}/ns/mnt");
+            let Ok(id) = std::fs::read_link(&path) else {
                 continue;
             };
-            let target = std::ffi::CString::new(s.mountpoint.as_os_str().as_encoded_bytes())
-                .unwrap_or_default();
+            let Ok(namespace) = std::fs::File::open(&path) else {
+                continue;
+            };
+            if !seen.insert(id) {
+                continue;
+            }
             match rebound_sys::sandbox::detach_in_namespace(namespace.as_fd(), &target) {
                 Ok(()) => tracing::info!(
-                    "{} was unmounted; dropped the driver's copy of it",
+                    "{} was unmounted; dropped the driver's copy of it (pid {pid})",
                     s.mountpoint.display()
                 ),
                 Err(e) => tracing::debug!("dropping the driver's copy of the mount: {e}"),
             }
-            return;
         }
     }
 
