@@ -145,10 +145,11 @@ class Workload(threading.Thread):
 
 
 class Latencies:
-    """Recovery latencies as they appear in the status's `recovery_ms` (the last 100 only)."""
+    """Recovery latencies as they appear in the status's `recovery_ms` (the last 100 only),
+    and the phases of each (`recovery_phases_ms`, in the same order)."""
 
     def __init__(self):
-        self.prev, self.all = [], []
+        self.prev, self.all, self.phases = [], [], []
 
     def gather(self, st):
         if st is None:
@@ -159,6 +160,9 @@ class Latencies:
             if dropped >= 0 and cur[:len(cur) - new] == self.prev[dropped:]:
                 break
         self.all.extend(cur[len(cur) - new:])
+        phases = st.get("recovery_phases_ms") or []
+        if len(phases) == len(cur):
+            self.phases.extend(phases[len(cur) - new:])
         self.prev = cur
 
 
@@ -233,7 +237,8 @@ def measure(driver, args, sshd):
             "workload_ops": load.ops, "workload_errors": len(load.errors),
             "error_samples": [explain(e, kill_times) for e in load.errors[:10]],
             "nodes_median": sorted(nodes)[len(nodes) // 2] if nodes else None,
-            "recovery_ms": lat.all, "stall_ms": stalls,
+            "recovery_ms": lat.all, "recovery_phases_ms": lat.phases, "stall_ms": stalls,
+            "standby_takeovers": st.get("standby_takeovers", 0),
         })
         m.stop()
         row["rebound_exit"] = m.returncode
@@ -375,6 +380,30 @@ def table(rows):
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
+PHASES = ("reap", "backoff", "pre_restart", "spawn", "init", "replay", "restore",
+          "first_request")
+
+
+def phase_table(rows):
+    """Median and p99 of each recovery phase per driver (ms), and how many recoveries a
+    standby successor served."""
+    lines = ["| driver | standby takeovers | " + " | ".join(PHASES) + " |",
+             "|---|---|" + "---|" * len(PHASES)]
+    for r in rows:
+        phases = r.get("recovery_phases_ms") or []
+        if "error" in r or not phases:
+            continue
+        cells = []
+        for phase in PHASES:
+            xs = [p[phase] for p in phases if phase in p]
+            cells.append(f"{fmt(percentile(xs, 50))} / {fmt(percentile(xs, 99))}" if xs
+                         else "–")
+        lines.append(f"| {LABELS.get(r['driver'], r['driver'])} | "
+                     f"{r.get('standby_takeovers', 0)} of {len(phases)} | " + " | ".join(cells)
+                     + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def remount_cell(r):
     times = r.get("remount_ms")
     if not times:
@@ -404,6 +433,14 @@ def render(metas, rows, command, png=None):
         "counts every failed operation and every read that did not return what was last "
         "written, including a final read of every file; it must be 0.\n\n"
         f"{table(rows)}\n")
+    phases = phase_table(rows)
+    if phases:
+        text += ("\nWhere the time goes, median / p99 ms per phase (`recovery_phases_ms`): "
+                 "*reap* until the failed driver's processes are gone, *spawn* until the new "
+                 "driver's `mount(2)` (near nothing when a standby successor takes over), "
+                 "*init* the INIT replayed, *replay* the redo log, *restore* handles reopened "
+                 "and requests settled, *first_request* until the first request served.\n\n"
+                 f"{phases}\n")
     if png:
         text += f"\n![CDF of recovery latency per driver]({png})\n"
     return text
