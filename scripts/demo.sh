@@ -20,6 +20,8 @@
 #   DEMO_KILL_INTERVAL=0.5 scripts/demo.sh       kill more often (seconds between kills)
 #   DEMO_SECONDS=300 scripts/demo.sh             start new rounds for 300 s instead of 90
 #   DEMO_ROUNDS=1 scripts/demo.sh                exactly one round (at most 10 by default)
+#   DEMO_KEEP_LOGS=/tmp/logs scripts/demo.sh     keep rebound's log and the killer's record
+#                                                (they are kept anyway when the demo fails)
 #
 # Run as root on a fresh machine: it installs what it needs, and is safe to run again.
 set -euo pipefail
@@ -441,14 +443,18 @@ if [ "$kills" -eq 0 ]; then
   echo "FAIL: the killer never killed the driver; the demo showed nothing"
   verdict=1
 fi
+keep_logs() {
+  mkdir -p "$1"
+  for f in failures.txt rebound.log rebound.toml killer.json fsck.out at-rest.out; do
+    if [ -e "$work/$f" ]; then cp "$work/$f" "$1/"; fi
+  done
+  echo "logs (every failed operation, rebound's log, the killer's record): $1"
+}
 if [ "$verdict" = 0 ]; then
   echo "PASS: $driver was killed $kills times; the applications saw no error, and the data is intact."
+  if [ -n "${DEMO_KEEP_LOGS:-}" ]; then keep_logs "$DEMO_KEEP_LOGS"; fi
 else
   # The work directory goes away; what explains the failure stays.
-  logs=$(mktemp -d /tmp/rebound-demo-failed.XXXXXX)
-  for f in failures.txt rebound.log rebound.toml killer.json fsck.out at-rest.out; do
-    if [ -e "$work/$f" ]; then cp "$work/$f" "$logs/"; fi
-  done
-  echo "logs (every failed operation, rebound's log, the killer's record): $logs"
+  keep_logs "${DEMO_KEEP_LOGS:-$(mktemp -d /tmp/rebound-demo-failed.XXXXXX)}"
 fi
 exit "$verdict"

@@ -293,9 +293,7 @@ pub(super) fn restore(
             .replay(&entries)
             .map_err(|e| format!("replaying the redo log: {e}"))?;
         restored.replayed = applied;
-        if skipped > 0 {
-            tracing::warn!("{skipped} logged changes could not be replayed");
-        }
+        log_skipped(&skipped);
         mark_recovery_phase(shared, "replay");
     }
     for chunk in plan.handles.chunks(BATCH) {
@@ -336,6 +334,91 @@ pub(super) fn restore(
     }
     restored.restore_ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(restored)
+}
+
+/// Why a logged change was not applied again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Skip {
+    /// A file it names had no path when it was logged (unlinked while open): nothing
+    /// reaches it, and nothing will read what it changed.
+    NoPath,
+    /// A path it names leads nowhere in the new driver: a directory on the way is gone (the
+    /// change was to something removed or renamed before the failure, or the store lost it).
+    PathGone,
+    /// The file could not be opened again to write it.
+    NotOpened,
+    /// The new driver refused it (this errno).
+    Refused(i32),
+    /// The logged request does not parse (never expected).
+    Unreadable,
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Skip::NoPath => write!(f, "the file had been unlinked while open"),
+            Skip::PathGone => write!(f, "its path leads nowhere now"),
+            Skip::NotOpened => write!(f, "the file could not be opened"),
+            Skip::Refused(errno) => write!(
+                f,
+                "the new driver refused it ({})",
+                std::io::Error::from_raw_os_error(*errno)
+            ),
+            Skip::Unreadable => write!(f, "the logged request does not parse"),
+        }
+    }
+}
+
+/// A logged change not applied again, for the log.
+struct SkippedChange {
+    what: String,
+    paths: Vec<String>,
+    why: Skip,
+}
+
+/// The answer of a replayed change: applied, or refused with its errno.
+fn refused(reply: Result<Vec<u8>, i32>) -> Result<(), Skip> {
+    reply.map(|_| ()).map_err(Skip::Refused)
+}
+
+fn show_path(path: Option<&tracker::redo::Path>) -> String {
+    path.map_or_else(
+        || "(no path)".into(),
+        |p| {
+            let names: Vec<String> = p
+                .iter()
+                .map(|n| String::from_utf8_lossy(n).into())
+                .collect();
+            format!("/{}", names.join("/"))
+        },
+    )
+}
+
+/// Logs the changes a replay left out, counted by reason, with an example of each.
+fn log_skipped(skipped: &[SkippedChange]) {
+    if skipped.is_empty() {
+        return;
+    }
+    let mut by_reason: std::collections::BTreeMap<Skip, (usize, &SkippedChange)> =
+        std::collections::BTreeMap::new();
+    for change in skipped {
+        by_reason.entry(change.why).or_insert((0, change)).0 += 1;
+    }
+    let reasons: Vec<String> = by_reason
+        .iter()
+        .map(|(why, (n, example))| {
+            format!(
+                "{n} because {why} (e.g. {} of {})",
+                example.what,
+                example.paths.join(", ")
+            )
+        })
+        .collect();
+    tracing::warn!(
+        "{} logged changes could not be replayed: {}",
+        skipped.len(),
+        reasons.join("; ")
+    );
 }
 
 impl NewDriver<'_> {
@@ -542,13 +625,13 @@ impl NewDriver<'_> {
     /// Applies the logged changes again, by path, skipping what is already done (the image
     /// may hold part of them, and newer changes too: where the driver's inode numbers survive
     /// restarts, a change is skipped when its name now leads to another file). Returns how
-    /// many were applied and how many could not be.
-    fn replay(&self, entries: &[tracker::Mutation]) -> io::Result<(usize, usize)> {
+    /// many were applied, and each change that could not be with why.
+    fn replay(&self, entries: &[tracker::Mutation]) -> io::Result<(usize, Vec<SkippedChange>)> {
         let mut walker = Walker::default();
         if !entries.is_empty() {
             walker.numbers_kept = self.numbers_kept(&mut walker)?;
         }
-        let (mut applied, mut skipped) = (0, 0);
+        let (mut applied, mut skipped) = (0, Vec::new());
         for mutation in entries {
             let what = mutation
                 .request
@@ -559,8 +642,16 @@ impl NewDriver<'_> {
                 io::Error::new(e.kind(), format!("{what} of {:?}: {e}", mutation.paths))
             })?;
             match replayed {
-                true => applied += 1,
-                false => skipped += 1,
+                Ok(()) => applied += 1,
+                Err(why) => skipped.push(SkippedChange {
+                    what,
+                    paths: mutation
+                        .paths
+                        .iter()
+                        .map(|p| show_path(p.as_ref()))
+                        .collect(),
+                    why,
+                }),
             }
         }
         for (node, count) in walker.lookups {
@@ -573,12 +664,16 @@ impl NewDriver<'_> {
         Ok((applied, skipped))
     }
 
-    /// Replays one change; false if it cannot be (a node it names has no path any more).
-    fn replay_one(&self, walker: &mut Walker, mutation: &tracker::Mutation) -> io::Result<bool> {
+    /// Replays one change, or says why it cannot be.
+    fn replay_one(
+        &self,
+        walker: &mut Walker,
+        mutation: &tracker::Mutation,
+    ) -> io::Result<Result<(), Skip>> {
         use rustix::fs::OFlags;
         let mut bytes = mutation.request.to_vec();
         let Ok(req) = Request::parse(&bytes) else {
-            return Ok(false);
+            return Ok(Err(Skip::Unreadable));
         };
         let (op, change, shape, fields) = (
             req.opcode,
@@ -594,16 +689,16 @@ impl NewDriver<'_> {
             })
             .collect();
         if node_fields.len() != mutation.paths.len() {
-            return Ok(false);
+            return Ok(Err(Skip::Unreadable));
         }
         let mut nodes = Vec::with_capacity(node_fields.len());
         let mut node_ino = 0;
         for (at, path) in node_fields.iter().zip(&mutation.paths) {
             let Some(path) = path else {
-                return Ok(false);
+                return Ok(Err(Skip::NoPath));
             };
             let Some((node, ino)) = self.walk(walker, path)? else {
-                return Ok(false);
+                return Ok(Err(Skip::PathGone));
             };
             write_u64(&mut bytes, *at, node);
             if nodes.is_empty() {
@@ -621,7 +716,7 @@ impl NewDriver<'_> {
                     if flags & OFlags::TRUNC.bits() != 0 && walker.same_file(logged, ino) {
                         let _ = self.call(truncate_request(0, node), ReplyShape::Attr)?;
                     }
-                    return Ok(true);
+                    return Ok(Ok(()));
                 }
                 // fuse_create_in.flags: the file may have been created and lost; no O_EXCL.
                 let flags = flags & !OFlags::EXCL.bits();
@@ -648,10 +743,10 @@ impl NewDriver<'_> {
             }
             (Some(Opcode::Unlink | Opcode::Rmdir), PendingChange::Remove { name, .. }) => {
                 let done = match self.named(walker, first, name)? {
-                    None => true,
+                    None => Ok(()),
                     // The name now leads to a newer file: the removal was done before.
-                    Some((_, ino)) if !walker.same_file(logged, ino) => true,
-                    Some(_) => self.call(bytes, shape)?.is_ok(),
+                    Some((_, ino)) if !walker.same_file(logged, ino) => Ok(()),
+                    Some(_) => refused(self.call(bytes, shape)?),
                 };
                 walker.found.clear();
                 return Ok(done);
@@ -667,14 +762,17 @@ impl NewDriver<'_> {
             ) => {
                 let to = nodes.get(1).copied().unwrap_or(first);
                 let done = match self.named(walker, first, name)? {
-                    None => true,
-                    Some(_) if *exchange => self.call(bytes, shape)?.is_ok(),
+                    None => Ok(()),
+                    Some(_) if *exchange => refused(self.call(bytes, shape)?),
                     // The name now leads to a newer file: the rename was done before.
-                    Some((_, ino)) if !walker.same_file(logged, ino) => true,
+                    Some((_, ino)) if !walker.same_file(logged, ino) => Ok(()),
                     Some((_, ino)) => {
                         let target = self.named(walker, to, new_name)?.map_or(0, |(_, t)| t);
-                        self.complete_half_rename(first, name, ino, target)?
-                            || self.call(bytes, shape)?.is_ok()
+                        if self.complete_half_rename(first, name, ino, target)? {
+                            Ok(())
+                        } else {
+                            refused(self.call(bytes, shape)?)
+                        }
                     }
                 };
                 walker.found.clear();
@@ -682,16 +780,16 @@ impl NewDriver<'_> {
             }
             // The node's path now leads to another file: the change was to a file since
             // renamed or removed, and the image has what became of it.
-            _ if !walker.same_file(logged, node_ino) => return Ok(true),
+            _ if !walker.same_file(logged, node_ino) => return Ok(Ok(())),
             (Some(Opcode::Write | Opcode::Fallocate), _) => {
                 let write_only = OFlags::WRONLY.bits();
                 let Some(open_out) = self.open(first, write_only, false)? else {
-                    return Ok(false);
+                    return Ok(Err(Skip::NotOpened));
                 };
                 let fh = read_u64(&open_out, 0).unwrap_or(0);
                 // `fh` is the first field of fuse_write_in and fuse_fallocate_in.
                 write_u64(&mut bytes, body, fh);
-                let done = self.call(bytes, shape)?.is_ok();
+                let done = refused(self.call(bytes, shape)?);
                 self.release(first, fh, write_only, false);
                 return Ok(done);
             }
@@ -701,11 +799,11 @@ impl NewDriver<'_> {
                     u32::from_ne_bytes(bytes[body..body + 4].try_into().unwrap_or_default());
                 let valid = valid & !fuse_wire::abi::FATTR_FH;
                 bytes[body..body + 4].copy_from_slice(&valid.to_ne_bytes());
-                return Ok(self.call(bytes, shape)?.is_ok());
+                return Ok(refused(self.call(bytes, shape)?));
             }
-            _ => return Ok(self.call(bytes, shape)?.is_ok()),
+            _ => return Ok(refused(self.call(bytes, shape)?)),
         }
-        Ok(true)
+        Ok(Ok(()))
     }
 
     /// LOOKUP of `name` in the driver's directory `parent`: the node and the entry, or `None`
