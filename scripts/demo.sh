@@ -149,13 +149,14 @@ def gather(st):
     latencies.extend(cur[len(cur) - new:])
     prev = cur
 
-sent, effective, missed, by_signal, last = 0, 0, 0, {}, None
+sent, effective, missed, by_signal, last, max_redo = 0, 0, 0, {}, None, 0
 while not stop.wait(interval):
     st = status()
     if st is None:
         continue
     gather(st)
     last = st
+    max_redo = max(max_redo, st.get("redo_log_entries", 0))
     if st["state"] != "serving" or not st["driver_pid"]:
         continue
     sig = SIGNALS[sent % len(SIGNALS)]
@@ -193,7 +194,8 @@ st = status() or last
 if st is not None:
     gather(st)
 json.dump({"sent": sent, "effective": effective, "missed": missed, "by_signal": by_signal,
-           "latencies": latencies, "status": st}, open(out, "w"))
+           "latencies": latencies, "status": st, "max_redo_log_entries": max_redo},
+          open(out, "w"))
 EOF
 
 # --- the workload: each tool's errors are counted, none is hidden -------------------------
@@ -399,12 +401,29 @@ extra = st.get("failures", 0) - k["effective"]
 print(f"  rebound saw             {st.get('failures', '?')} failures, "
       f"restarted the driver {st.get('restarts', '?')} times"
       + (f" ({extra} failures were not the killer's)" if extra > 0 else ""))
+causes = st.get("failures_by_cause") or {}
+if causes:
+    print("  failures by cause       " + ", ".join(f"{n} {c}" for c, n in sorted(causes.items()))
+          + "  (crash: killed or died; during_restore: a new driver that failed before serving)")
+phases = st.get("recovery_phases_ms") or []
+if phases:
+    names = [p for p in ("reap", "backoff", "pre_restart", "spawn", "init", "replay", "restore",
+                         "first_request") if any(p in x for x in phases)]
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2]
+    print("  recovery phases, median " + ", ".join(
+        f"{p} {median([x[p] for x in phases if p in x]):.1f}" for p in names)
+          + f" ms (last {len(phases)})")
 print(f"  errors in applications  {errors}")
 if lat:
     print(f"  recovery latency        {len(lat)} recoveries: median {rank(50):.1f} ms, "
           f"p99 {rank(99):.1f} ms, max {lat[-1]:.1f} ms")
 else:
     print("  recovery latency        no recovery measured")
+if st.get("redo_log_entries") is not None and k.get("max_redo_log_entries"):
+    print(f"  redo log                at most {k['max_redo_log_entries']} changes waiting for a "
+          "checkpoint (seen at each kill)")
 print(f"  objects lost            {st.get('lost_objects', '?')} "
       f"(nodes or open files rebound could not restore)")
 print(f"  requests served         {st.get('requests', '?')}")

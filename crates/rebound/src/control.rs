@@ -59,6 +59,11 @@ pub struct MountStatus {
     /// Driver failures detected in all (crashes, hangs, closed channels).
     #[serde(default)]
     pub failures: u64,
+    /// The failures counted by cause: `crash`, `hang`, `refused_reply`, `second_opinion`,
+    /// `hoarding`, `operator` (`rebound restart`); and `during_restore`, new drivers that
+    /// failed before they served (not in `failures`, which counts serving drivers).
+    #[serde(default)]
+    pub failures_by_cause: BTreeMap<String, u64>,
     /// The last failure of the driver and its cause, if any.
     pub last_failure: Option<String>,
     /// Objects (nodes, open handles) the recoveries could not restore; each now fails with

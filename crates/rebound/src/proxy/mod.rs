@@ -1554,13 +1554,12 @@ fn doubt(
     request.doubted = true;
     shared.inflight.insert(unique, request);
     shared.stats.doubted.fetch_add(1, Ordering::Relaxed);
-    report_misbehaviour(
-        shared,
-        generation,
-        &format!("{why}; asking a restarted driver"),
-    );
+    report_misbehaviour(shared, generation, &format!("{why}{SECOND_OPINION}"));
     None
 }
+
+/// How the cause of a restart for a second opinion ends.
+pub const SECOND_OPINION: &str = "; asking a restarted driver";
 
 /// Answers a request with success and no data, in the driver's place.
 fn answer_ok(shared: &Shared, unique: u64, queue: usize) {

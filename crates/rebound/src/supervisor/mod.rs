@@ -73,6 +73,39 @@ enum Step {
     Restoring,
 }
 
+/// What made a driver fail, as `rebound status` counts failures (`failures_by_cause`).
+#[derive(Clone, Copy, Debug)]
+enum Cause {
+    /// Its processes died or its channel closed (a crash, a kill).
+    Crash,
+    /// A request or a liveness probe went unanswered.
+    Hang,
+    /// It sent a message the checks refused.
+    RefusedReply,
+    /// It gave an answer no working driver gives, which a restarted one is asked about.
+    SecondOpinion,
+    /// It took more than its limits allow, or was killed for it.
+    Hoarding,
+    /// `rebound restart`.
+    Operator,
+    /// A new driver failed (in any way) while being brought to the old one's state.
+    DuringRestore,
+}
+
+impl Cause {
+    fn name(self) -> &'static str {
+        match self {
+            Cause::Crash => "crash",
+            Cause::Hang => "hang",
+            Cause::RefusedReply => "refused_reply",
+            Cause::SecondOpinion => "second_opinion",
+            Cause::Hoarding => "hoarding",
+            Cause::Operator => "operator",
+            Cause::DuringRestore => "during_restore",
+        }
+    }
+}
+
 /// What a seccomp listener has to say on one turn of the loop.
 enum Readiness {
     /// A call to handle.
@@ -563,11 +596,16 @@ impl Run<'_> {
                 let how = self
                     .driver_exit
                     .map_or_else(String::new, |e| format!(" ({e})"));
-                self.driver_failed(&format!("driver closed its channel{how}"));
+                self.driver_failed(&format!("driver closed its channel{how}"), Cause::Crash);
             }
             ProxyEvent::DriverMisbehaved => {
                 let why = s.proxy.misbehaviour().unwrap_or_default();
-                self.driver_failed(&format!("misbehaved: {why}"));
+                let kind = if why.ends_with(crate::proxy::SECOND_OPINION) {
+                    Cause::SecondOpinion
+                } else {
+                    Cause::RefusedReply
+                };
+                self.driver_failed(&format!("misbehaved: {why}"), kind);
             }
             ProxyEvent::Recovered => {
                 let Some(Ok(restored)) = s.proxy.take_restored() else {
@@ -626,7 +664,9 @@ impl Run<'_> {
 
     fn on_restart_command(&mut self) {
         match self.phase {
-            Phase::Serving => self.driver_failed("restart requested by the operator"),
+            Phase::Serving => {
+                self.driver_failed("restart requested by the operator", Cause::Operator)
+            }
             Phase::Failed { .. } => {
                 tracing::info!("restart requested by the operator");
                 self.restarts.clear();
@@ -639,8 +679,9 @@ impl Run<'_> {
         }
     }
 
-    /// The serving driver failed: kill what is left of it and start the way back.
-    fn driver_failed(&mut self, cause: &str) {
+    /// The serving driver failed (`kind` of failure, `cause` in words): kill what is left of
+    /// it and start the way back.
+    fn driver_failed(&mut self, cause: &str, kind: Cause) {
         if !matches!(
             self.phase,
             Phase::Serving | Phase::Recovering(Step::Restoring)
@@ -655,15 +696,16 @@ impl Run<'_> {
         let hoarding = self
             .watch
             .death_cause(self.cgroup.as_ref(), &self.config.limits);
-        let cause = match &hoarding {
-            Some(hoarding) => format!("{hoarding} ({cause})"),
-            None => cause.to_string(),
+        let (cause, kind) = match &hoarding {
+            Some(hoarding) => (format!("{hoarding} ({cause})"), Cause::Hoarding),
+            None => (cause.to_string(), kind),
         };
         if matches!(self.phase, Phase::Recovering(_)) {
             tracing::error!("the new driver failed while being restored: {cause}");
             self.restart_failed();
             return;
         }
+        self.count_failure(kind);
         tracing::error!(
             "driver of {} failed: {cause}; restarting it",
             s.mountpoint.display()
@@ -679,6 +721,7 @@ impl Run<'_> {
 
     /// A restart did not bring a working driver: try again, within the budget.
     fn restart_failed(&mut self) {
+        self.count_failure(Cause::DuringRestore);
         if let Some(s) = &self.served {
             s.proxy.driver_failed();
         }
@@ -716,6 +759,12 @@ impl Run<'_> {
                 }
             }
         }
+    }
+
+    fn count_failure(&self, kind: Cause) {
+        self.board.update(|b| {
+            *b.failures_by_cause.entry(kind.name().into()).or_default() += 1;
+        });
     }
 
     /// The recovery under way has passed `phase` (see `proxy::RecoveryTiming`).
@@ -786,7 +835,7 @@ impl Run<'_> {
                 let how = self
                     .driver_exit
                     .map_or_else(|| "exited".to_string(), |e| e.to_string());
-                self.driver_failed(&format!("driver process gone ({how})"));
+                self.driver_failed(&format!("driver process gone ({how})"), Cause::Crash);
                 None
             }
             Phase::Recovering(Step::Reaping { .. }) => {
@@ -920,27 +969,29 @@ impl Run<'_> {
                     s.proxy
                         .allow_second_opinions(recent + 1 < self.config.restart_budget);
                 }
-                let cause = self.served.as_ref().and_then(|s| {
+                let hang = self.served.as_ref().and_then(|s| {
                     s.proxy
                         .check_liveness(self.config.request_timeout(), self.config.probe_timeout())
                 });
                 self.check_helper_mount();
-                let cause = cause.or_else(|| {
+                let cause = hang.map(|why| (why, Cause::Hang)).or_else(|| {
                     let s = self.served.as_ref()?;
                     let requests = s
                         .proxy
                         .stats
                         .requests
                         .load(std::sync::atomic::Ordering::Relaxed);
-                    self.watch.check(
-                        self.cgroup.as_ref(),
-                        &self.config.limits,
-                        requests,
-                        s.proxy.waiting_since().is_some(),
-                    )
+                    self.watch
+                        .check(
+                            self.cgroup.as_ref(),
+                            &self.config.limits,
+                            requests,
+                            s.proxy.waiting_since().is_some(),
+                        )
+                        .map(|why| (why, Cause::Hoarding))
                 });
-                if let Some(cause) = cause {
-                    self.driver_failed(&cause);
+                if let Some((why, kind)) = cause {
+                    self.driver_failed(&why, kind);
                 } else {
                     self.keep_standby(now);
                 }
