@@ -10,6 +10,7 @@ rebound's log.
 Must not: measure how fast a takeover is (bench/recovery.py does).
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -97,3 +98,29 @@ def test_a_user_umount_after_a_restart_ends_the_run(mount, driver, standby):
             pytest.fail(explain(m, "rebound still runs after the user's umount"))
         m.stopped = True
         assert m.returncode == 0, explain(m, f"rebound exited {m.returncode}")
+
+
+def test_a_standby_whose_helper_looked_at_a_hung_mount_takes_over(mount):
+    """go-fuse's standby mounts through fusermount3, which looks at the mount point first: a
+    request to the mount. With the serving driver stopped (a hang), that request waits for a
+    driver; when the hang is found and the standby takes over, it must be answered for the
+    standby (as the shadow answers a restarting driver), or the standby waits for itself."""
+    with mount("gofuse", "rebound", config=toml(restart_backoff_ms=0, probe_timeout_ms=1000,
+                                                mount_timeout_ms=60000)) as m:
+        (m.mnt / "f").write_text("x")
+        before = wait_serving(m, standby_ready)
+        os.kill(before["driver_pid"], signal.SIGSTOP)
+        # The next standby starts a second later, and its fusermount3 meets the hung mount.
+        os.kill(before["standby_pid"], signal.SIGKILL)
+        # A request that waits on the stopped driver, so that the liveness probe runs.
+        reader = subprocess.Popen(["stat", str(m.mnt / "f")], stdout=subprocess.DEVNULL)
+        try:
+            after = wait_serving(m, lambda s: serving(s) and s["restarts"] == 1, timeout=20)
+            assert after["failures_by_cause"].get("hang") == 1, explain(m, after)
+            assert reader.wait(timeout=20) == 0, explain(m, "the waiting stat failed")
+        finally:
+            reader.kill()
+            reader.wait()
+            with contextlib.suppress(ProcessLookupError):  # rebound killed it, normally
+                os.kill(before["driver_pid"], signal.SIGCONT)
+        assert (m.mnt / "f").read_text() == "x"

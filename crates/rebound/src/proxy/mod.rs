@@ -544,6 +544,29 @@ impl Proxy {
         self.fail_picked(|request, pid| request.sent.is_none() && is_ours(pid));
     }
 
+    /// Answers as the shadow does while no driver serves (see [`shadow_answer`]) the
+    /// requests in flight that rebound's own processes made, failing with `EIO` those it
+    /// cannot answer. Called as a standby successor takes over: its mount helper may have
+    /// looked at the mount point while the failed driver served (and hung), and the request,
+    /// kept for the next driver, would wait for the very process that cannot serve before its
+    /// mount returns.
+    pub fn shadow_requests_of_own_processes(&self) {
+        let ours = |request: &Inflight| {
+            InHeader::read_from_prefix(request.request.bytes())
+                .is_ok_and(|(header, _)| is_ours(header.pid))
+        };
+        for (unique, request) in self.shared.inflight.take_if(ours) {
+            let msg = request.request.bytes();
+            let queue = request.queue.into();
+            let answered = RequestInfo::of(msg)
+                .is_ok_and(|info| shadow_answer(&self.shared, &info, queue, msg));
+            if !answered {
+                tracing::debug!("request {unique} of a standby's process failed with EIO");
+                answer_in_drivers_place(&self.shared, unique, queue, Errno::IO);
+            }
+        }
+    }
+
     /// Fails the requests made by `threads` (the driver's threads that are dying). A driver
     /// thread that waits on its own mount as the driver dies (go-fuse opens a file there as
     /// it starts, to probe poll support, and a dying process closing such a file sends a

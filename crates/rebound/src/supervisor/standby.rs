@@ -258,6 +258,9 @@ impl Run<'_> {
         self.phase = Phase::Recovering(Step::Mounting {
             deadline: now + self.config.mount_timeout(),
         });
+        if let Some(s) = &self.served {
+            s.proxy.shadow_requests_of_own_processes();
+        }
         if let Some(held) = standby.held {
             self.on_intercepted(&held)?;
         }
