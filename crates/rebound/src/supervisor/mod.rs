@@ -339,7 +339,17 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
             child_exit.drain();
         }
         run.reap();
-        if let Some(code) = run.on_processes_gone(child_ready) {
+        let was_reaping = matches!(run.phase, Phase::Recovering(Step::Reaping { .. }));
+        let mut ended = run.on_processes_gone(child_ready);
+        if ended.is_none()
+            && !was_reaping
+            && matches!(run.phase, Phase::Recovering(Step::Reaping { .. }))
+        {
+            // A failure found on this turn (the driver's processes all gone, say) may have
+            // nothing left to reap: no further SIGCHLD would wake the loop before the tick.
+            ended = run.on_processes_gone(true);
+        }
+        if let Some(code) = ended {
             run.finish();
             return Ok(code);
         }
