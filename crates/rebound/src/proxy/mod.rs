@@ -501,6 +501,26 @@ impl Proxy {
         was_serving
     }
 
+    /// Whether the current driver's channel is closed at its end (no current driver: true).
+    /// A [`ProxyEvent::DriverGone`] reported for a driver that was current then may be read
+    /// after a new one took over; this tells whether it concerns the driver there is now.
+    pub fn driver_channel_closed(&self) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let link = self.shared.link();
+        let Some((driver, _)) = link.current() else {
+            return true;
+        };
+        let mut fds = [PollFd::new(&**driver, PollFlags::RDHUP)];
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+            && fds[0]
+                .revents()
+                .intersects(PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR)
+    }
+
     /// The recovery under way has passed `phase` (see [`RecoveryTiming`]).
     pub fn recovery_phase_done(&self, phase: &'static str) {
         mark_recovery_phase(&self.shared, phase);

@@ -602,6 +602,11 @@ impl Run<'_> {
                     self.phase = self.stopping(true, 0);
                 }
             }
+            ProxyEvent::DriverGone if !s.proxy.driver_channel_closed() => {
+                // Reported while the failed driver was current, read once its successor
+                // was attached (the failure was found another way on the same turn).
+                tracing::debug!("a driver that is no longer current closed its channel");
+            }
             ProxyEvent::DriverGone => {
                 let how = self
                     .driver_exit
