@@ -199,7 +199,6 @@ pub(super) fn checkpoints(shared: &Shared, interval: Duration, timeout: Duration
             }
             (log.mark(), log.flush_candidates())
         };
-        // (A candidate's path is looked up in the driver: only while it serves.)
         let (driver, generation) = match &*shared.link() {
             Link::Serving { driver, generation } => (driver.clone(), *generation),
             _ => continue,
@@ -211,14 +210,20 @@ pub(super) fn checkpoints(shared: &Shared, interval: Duration, timeout: Duration
             generation,
             timeout,
         };
-        let _ = driver.checkpoint(mark, &candidates);
+        for node in candidates {
+            if let Ok(true) = driver.flush_through(node) {
+                let mut log = redo.lock().unwrap_or_else(|e| e.into_inner());
+                log.checkpointed(mark);
+                tracing::debug!("checkpoint: {} changes left in the redo log", log.len());
+                shared
+                    .stats
+                    .redo_entries
+                    .store(log.len() as u64, Ordering::Relaxed);
+                break;
+            }
+        }
     }
 }
-
-/// How many logged changes a replay applies between two checkpoints: a replay cut short by
-/// another failure keeps what it made durable, so the log shrinks even when failures come
-/// faster than the periodic checkpoints.
-const REPLAY_CHECKPOINT_EVERY: usize = 256;
 
 /// Walks paths in a driver during a replay, remembering what it found (node, inode number)
 /// and the lookups it made the driver hand out (forgotten at the end).
@@ -283,14 +288,9 @@ pub(super) fn restore(
     let plan = shared.objects().begin_generation();
     restored.nodes = shared.objects().node_count();
     if let Some(redo) = &shared.redo {
-        let (entries, first_mark, candidates) = {
-            let log = redo.lock().unwrap_or_else(|e| e.into_inner());
-            let entries = log.entries();
-            let first_mark = log.mark() - entries.len() as u64;
-            (entries, first_mark, log.flush_candidates())
-        };
+        let entries = redo.lock().unwrap_or_else(|e| e.into_inner()).entries();
         let (applied, skipped) = new
-            .replay(&entries, first_mark, &candidates)
+            .replay(&entries)
             .map_err(|e| format!("replaying the redo log: {e}"))?;
         restored.replayed = applied;
         log_skipped(&skipped);
@@ -551,28 +551,6 @@ impl NewDriver<'_> {
         Ok(())
     }
 
-    /// Checkpoints the driver through the first of `candidates` (kernel nodes lately
-    /// written) it can flush, and drops the logged changes before `mark`. Returns whether
-    /// it did.
-    fn checkpoint(&self, mark: u64, candidates: &[u64]) -> io::Result<bool> {
-        let Some(redo) = &self.shared.redo else {
-            return Ok(false);
-        };
-        for &node in candidates {
-            if self.flush_through(node)? {
-                let mut log = redo.lock().unwrap_or_else(|e| e.into_inner());
-                log.checkpointed(mark);
-                tracing::debug!("checkpoint: {} changes left in the redo log", log.len());
-                self.shared
-                    .stats
-                    .redo_entries
-                    .store(log.len() as u64, Ordering::Relaxed);
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
     /// Opens the kernel's `node` for writing, FSYNCs and closes it. Returns whether the
     /// FSYNC succeeded.
     fn flush_through(&self, node: u64) -> io::Result<bool> {
@@ -647,26 +625,14 @@ impl NewDriver<'_> {
     /// Applies the logged changes again, by path, skipping what is already done (the image
     /// may hold part of them, and newer changes too: where the driver's inode numbers survive
     /// restarts, a change is skipped when its name now leads to another file). Returns how
-    /// many were applied, and each change that could not be with why. `entries` start at
-    /// `first_mark` in the log's history; every [`REPLAY_CHECKPOINT_EVERY`] of them, and at
-    /// the end, the driver is checkpointed through one of `candidates` and the log drops what
-    /// it covers: the recovery leaves an empty log behind, and one cut short what it made
-    /// durable.
-    fn replay(
-        &self,
-        entries: &[tracker::Mutation],
-        first_mark: u64,
-        candidates: &[u64],
-    ) -> io::Result<(usize, Vec<SkippedChange>)> {
+    /// many were applied, and each change that could not be with why.
+    fn replay(&self, entries: &[tracker::Mutation]) -> io::Result<(usize, Vec<SkippedChange>)> {
         let mut walker = Walker::default();
         if !entries.is_empty() {
             walker.numbers_kept = self.numbers_kept(&mut walker)?;
         }
         let (mut applied, mut skipped) = (0, Vec::new());
-        for (i, mutation) in entries.iter().enumerate() {
-            if i > 0 && i % REPLAY_CHECKPOINT_EVERY == 0 {
-                self.checkpoint(first_mark + i as u64, candidates)?;
-            }
+        for mutation in entries {
             let what = mutation
                 .request
                 .get(4..8)
@@ -694,9 +660,6 @@ impl NewDriver<'_> {
                 self.driver,
                 &forget_request(calls.next_unique(), node, count),
             );
-        }
-        if !entries.is_empty() {
-            self.checkpoint(first_mark + entries.len() as u64, candidates)?;
         }
         Ok((applied, skipped))
     }
