@@ -546,6 +546,17 @@ impl Proxy {
             .name("recovery".into())
             .spawn(move || {
                 let outcome = recovery::restore(&shared, &driver, generation, timeout);
+                // A restore that ends after its driver was given up (the supervisor saw it
+                // fail another way and started the next) reports nothing: read late, its
+                // failure would be taken for the next driver's and end that one too.
+                let current = shared
+                    .link()
+                    .current()
+                    .is_some_and(|(_, g)| g == generation);
+                if !current {
+                    tracing::debug!("restore of a driver no longer current ended: {outcome:?}");
+                    return;
+                }
                 let event = if outcome.is_ok() {
                     ProxyEvent::Recovered
                 } else {

@@ -698,6 +698,11 @@ impl NewDriver<'_> {
                 return Ok(Err(Skip::NoPath));
             };
             let Some((node, ino)) = self.walk(walker, path)? else {
+                // A name removed from a directory that is gone now is gone with it (removed
+                // later by `rm -r`, or never made durable): nothing is left to do.
+                if matches!(op, Some(Opcode::Unlink | Opcode::Rmdir)) {
+                    return Ok(Ok(()));
+                }
                 return Ok(Err(Skip::PathGone));
             };
             write_u64(&mut bytes, *at, node);
