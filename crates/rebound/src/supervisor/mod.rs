@@ -762,6 +762,15 @@ impl Run<'_> {
                 continue;
             }
             if pid != self.driver_pid {
+                // The daemon a driver became: how it ended is the failure's cause (the
+                // process rebound started exited 0 when it daemonized).
+                // (Only while it serves: a stopping driver's status is the leader's.)
+                if matches!(self.phase, Phase::Serving)
+                    && Some(pid) == self.board.snapshot().driver_pid
+                {
+                    tracing::info!("the driver's serving process {pid} ended ({exit})");
+                    self.driver_exit = Some(exit);
+                }
                 continue;
             }
             self.driver_exit = Some(exit);
