@@ -161,19 +161,32 @@ pub struct DriverSandbox {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hidden {
     pub path: PathBuf,
-    /// Where the driver was given it: "the command line" or "$VAR".
-    pub named_by: String,
-    pub key: &'static str,
+    /// Where the driver was given it: `None` for its command line, or an environment variable.
+    pub variable: Option<String>,
+}
+
+impl Hidden {
+    /// The key that shows it: what the command line names the driver may write (as
+    /// `command_line_paths` would let it), what its environment names it may read.
+    pub fn key(&self) -> &'static str {
+        match self.variable {
+            None => "writable_paths",
+            Some(_) => "readable_paths",
+        }
+    }
 }
 
 impl std::fmt::Display for Hidden {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let named_by = match &self.variable {
+            None => "the command line".to_string(),
+            Some(var) => format!("${var}"),
+        };
         write!(
             f,
-            "{} (named by {}) is hidden by the sandbox; `[sandbox] {} = [{:?}]` shows it",
+            "{} (named by {named_by}) is hidden by the sandbox; `[sandbox] {} = [{:?}]` shows it",
             self.path.display(),
-            self.named_by,
-            self.key,
+            self.key(),
             self.path
         )
     }
@@ -580,8 +593,7 @@ fn hidden(
         if !visible(&path) {
             out.push(Hidden {
                 path,
-                named_by: "the command line".into(),
-                key: "writable_paths",
+                variable: None,
             });
         }
     }
@@ -599,8 +611,7 @@ fn hidden(
             if !visible(&path) && out.iter().all(|h| h.path != path) {
                 out.push(Hidden {
                     path,
-                    named_by: format!("${}", var.to_string_lossy()),
-                    key: "readable_paths",
+                    variable: Some(var.to_string_lossy().into_owned()),
                 });
             }
         }
@@ -735,9 +746,8 @@ mod tests {
             found,
             [Hidden {
                 path: hid.clone(),
-                named_by: "the command line".into(),
-                key: "writable_paths"
-            },]
+                variable: None,
+            }]
         );
         let mut env = vec![("SOCK_DIR".into(), hid.clone().into())].into_iter();
         let found = hidden(
@@ -749,8 +759,8 @@ mod tests {
         );
         assert_eq!(found.len(), 1);
         assert_eq!(
-            (found[0].named_by.as_str(), found[0].key),
-            ("$SOCK_DIR", "readable_paths")
+            (found[0].variable.as_deref(), found[0].key()),
+            (Some("SOCK_DIR"), "readable_paths")
         );
         assert!(
             found[0].to_string().contains("readable_paths = ["),

@@ -375,7 +375,6 @@ fn start_driver(
     cgroup: Option<&DriverCgroup>,
     log_label: Arc<Mutex<String>>,
 ) -> anyhow::Result<(i32, OwnedFd, JoinHandle<()>, Vec<crate::sandbox::Hidden>)> {
-    let first_start = matches!(mountpoint, MountPoint::Unknown);
     let (program, args) = argv.split_first().context("no driver command given")?;
     let mut command = Command::new(program);
     command.args(args).stderr(std::process::Stdio::piped());
@@ -388,13 +387,12 @@ fn start_driver(
     }
     let prepared = crate::sandbox::build(config, argv, program_parts, mountpoint, procs)
         .context("preparing the driver's sandbox")?;
-    if first_start {
-        for hidden in &prepared.hidden {
-            if hidden.named_by == "the command line" {
-                tracing::warn!("{hidden}");
-            } else {
-                tracing::debug!("{hidden}");
-            }
+    // (Only a first start reports any: a restart's would be the same.)
+    for hidden in &prepared.hidden {
+        if hidden.variable.is_none() {
+            tracing::warn!("{hidden}");
+        } else {
+            tracing::debug!("{hidden}");
         }
     }
     let (mut child, listener) =

@@ -95,7 +95,19 @@ pub fn descendants() -> Vec<i32> {
 /// Every live descendant of this process but `spare` and its own descendants, parents before
 /// children.
 pub fn descendants_except(spare: Option<i32>) -> Vec<i32> {
-    let me = std::process::id() as i32;
+    below(std::process::id() as i32, spare)
+}
+
+/// `root` and its live descendants (a standby's process tree).
+pub fn tree_of(root: i32) -> Vec<i32> {
+    let mut out = below(root, None);
+    out.insert(0, root);
+    out
+}
+
+/// The live descendants of `root` but `spare` and its own, parents before children, from one
+/// walk of `/proc`.
+fn below(root: i32, spare: Option<i32>) -> Vec<i32> {
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -113,7 +125,7 @@ pub fn descendants_except(spare: Option<i32>) -> Vec<i32> {
         }
     }
     let mut out = Vec::new();
-    let mut queue = vec![me];
+    let mut queue = vec![root];
     while let Some(pid) = queue.pop() {
         if let Some(kids) = children.get(&pid) {
             let kids = kids.iter().copied().filter(|&k| Some(k) != spare);

@@ -204,12 +204,9 @@ impl Run<'_> {
         let Some(standby) = self.standby.take() else {
             return;
         };
-        let others = process::descendants_except(Some(standby.pid));
-        for pid in process::descendants() {
-            if !others.contains(&pid) {
-                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                    let _ = rustix::process::kill_process(pid, Signal::KILL);
-                }
+        for pid in process::tree_of(standby.pid) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, Signal::KILL);
             }
         }
         self.stderr_loggers.push(standby.logger);
