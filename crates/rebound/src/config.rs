@@ -46,6 +46,11 @@ pub struct Config {
     pub redo_log: bool,
     /// How often the driver is checkpointed when `redo_log` is on.
     pub checkpoint_interval_ms: u64,
+    /// The file the driver keeps its state in (fuse2fs's image), on a file system that can
+    /// clone files (XFS, btrfs). With `redo_log`, each checkpoint also clones it (see
+    /// [`crate::checkpoint`]), and a failed driver's successor gets it back as it was then:
+    /// consistent without a `pre_restart` check, brought forward by the redo log.
+    pub image: Option<PathBuf>,
     /// When the driver answers with an error no working driver gives for that request (a
     /// LOOKUP failing with EFAULT, an UNLINK with ENOSPC, any EIO), restart it and ask the new
     /// one; its answer stands. Damaged code that does not crash is caught this way.
@@ -214,6 +219,7 @@ impl Default for Config {
             pre_restart: Vec::new(),
             redo_log: false,
             checkpoint_interval_ms: 1_000,
+            image: None,
             second_opinion: true,
             second_opinion_cooldown_ms: 60_000,
             standby: StandbyPolicy::Auto,
@@ -274,6 +280,20 @@ impl Config {
             return Err(
                 "standby: \"on\" cannot go with pre_restart, which repairs the store \
                         after a failure: a standby would have opened it before"
+                    .into(),
+            );
+        }
+        if self.image.is_some() && !self.redo_log {
+            return Err(
+                "image: needs redo_log = true (what came after the checkpoint is replayed \
+                 from it)"
+                    .into(),
+            );
+        }
+        if self.standby == StandbyPolicy::On && self.image.is_some() {
+            return Err(
+                "standby: \"on\" cannot go with image, which is rolled back after a failure: \
+                 a standby would have read it before"
                     .into(),
             );
         }
@@ -449,6 +469,17 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn an_image_needs_the_redo_log_and_no_standby() {
+        let err = Config::parse("image = \"/srv/disk.img\"").unwrap_err();
+        assert!(err.starts_with("image: needs redo_log"), "{err}");
+        let err = Config::parse("image = \"/srv/disk.img\"\nredo_log = true\nstandby = \"on\"")
+            .unwrap_err();
+        assert!(err.starts_with("standby:"), "{err}");
+        let config = Config::parse("image = \"/srv/disk.img\"\nredo_log = true").unwrap();
+        assert_eq!(config.image.as_deref(), Some(Path::new("/srv/disk.img")));
     }
 
     #[test]

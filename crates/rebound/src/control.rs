@@ -73,8 +73,8 @@ pub struct MountStatus {
     /// Recent recovery latencies, detection to first request served, in milliseconds (the
     /// last 100; see [`StatusBoard::record_recovery`]).
     pub recovery_ms: Vec<f64>,
-    /// The phases of the same recoveries, in milliseconds (`reap`, `backoff`, `pre_restart`,
-    /// `spawn`, `init`, `replay`, `restore`, `first_request`; see `proxy::RecoveryTiming`).
+    /// The phases of the same recoveries, in milliseconds (`reap`, `backoff`, `rollback`,
+    /// `pre_restart`, `spawn`, `init`, `replay`, `restore`, `first_request`; see `proxy::RecoveryTiming`).
     #[serde(default)]
     pub recovery_phases_ms: Vec<BTreeMap<String, f64>>,
     pub driver: Vec<String>,
@@ -93,6 +93,14 @@ pub struct MountStatus {
     /// `redo_log`; a restarted driver is given them again).
     #[serde(default)]
     pub redo_log_entries: u64,
+    /// The most changes the redo log has held.
+    #[serde(default)]
+    pub redo_log_max: u64,
+    /// Checkpoints made, and the longest in milliseconds (with `image`, requests wait as long).
+    #[serde(default)]
+    pub checkpoints: u64,
+    #[serde(default)]
+    pub checkpoint_ms_max: f64,
     /// The standby successor held ready at its `mount(2)`, if one is (see
     /// `supervisor::standby`).
     #[serde(default)]
@@ -185,6 +193,9 @@ impl StatusBoard {
             status.second_opinions_confirmed = c.stats.doubts_confirmed.load(Relaxed);
             status.lost_objects = c.stats.lost_objects.load(Relaxed);
             status.redo_log_entries = c.stats.redo_entries.load(Relaxed);
+            status.redo_log_max = c.stats.redo_entries_max.load(Relaxed);
+            status.checkpoints = c.stats.checkpoints.load(Relaxed);
+            status.checkpoint_ms_max = c.stats.checkpoint_us_max.load(Relaxed) as f64 / 1000.0;
             (status.nodes, status.open_handles) = (c.held)();
         }
         status

@@ -3,6 +3,7 @@
 //! (`inject`); nothing else lives here.
 
 mod cgroup;
+mod checkpoint;
 mod config;
 mod control;
 mod inject;

@@ -252,6 +252,8 @@ pub struct ObjectTable {
     /// handle and still hold, oldest first: taken again in a restarted driver.
     locks: HashMap<u64, Vec<Arc<[u8]>>>,
     next_fresh: u64,
+    /// The driver generation the driver ids belong to (see [`ObjectTable::begin_generation`]).
+    generation: u64,
 }
 
 impl Default for ObjectTable {
@@ -263,6 +265,7 @@ impl Default for ObjectTable {
             handles: HashMap::new(),
             locks: HashMap::new(),
             next_fresh: FRESH_IDS,
+            generation: 0,
         }
     }
 }
@@ -567,7 +570,8 @@ impl ObjectTable {
 
     /// A new driver replaces the old one: every driver id is forgotten. Nodes become
     /// pending (looked up by path when first needed); the plan lists the handles to reopen.
-    pub fn begin_generation(&mut self) -> RestorePlan {
+    pub fn begin_generation(&mut self, generation: u64) -> RestorePlan {
+        self.generation = generation;
         self.by_driver.clear();
         for node in self.nodes.values_mut() {
             node.driver = DriverNode::Pending;
@@ -624,9 +628,19 @@ impl ObjectTable {
         }
     }
 
-    /// The new driver knows `node` as `driver` (one lookup). Returns false if the kernel has
-    /// let go of the node meanwhile; the caller then makes the driver forget it.
-    pub fn restore_node(&mut self, node: u64, driver: u64) -> bool {
+    /// The driver generation whose ids the table holds.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Driver `generation` knows `node` as `driver` (one lookup). Returns false if the kernel
+    /// has let go of the node meanwhile, or if that driver is no longer the one the table is
+    /// for (its answer came late; its ids mean other files to its successor); the caller then
+    /// makes the driver forget it.
+    pub fn restore_node(&mut self, node: u64, driver: u64, generation: u64) -> bool {
+        if generation != self.generation {
+            return false;
+        }
         let Some(entry) = self.nodes.get_mut(&node) else {
             return false;
         };
@@ -1105,7 +1119,7 @@ mod tests {
         });
         t.on_success(pending, &mut []);
 
-        let plan = t.begin_generation();
+        let plan = t.begin_generation(1);
         assert_eq!(plan.handles.len(), 2);
         assert_eq!(t.node_to_driver(dir), ToDriver::Pending, "until looked up");
         let path: Vec<u64> = t.pending_path(file).unwrap().iter().map(|p| p.0).collect();
@@ -1114,9 +1128,13 @@ mod tests {
         assert!(t.mark_lost(gone));
         assert_eq!(t.node_to_driver(gone), ToDriver::Lost);
 
+        // A lookup the failed driver answered too late is not taken for the new one's.
+        assert!(!t.restore_node(dir, 150, 0));
+        assert_eq!(t.node_to_driver(dir), ToDriver::Pending);
+
         // The new driver's ids: one collides with a kernel id of another node.
-        assert!(t.restore_node(dir, 200));
-        assert!(t.restore_node(file, 201));
+        assert!(t.restore_node(dir, 200, 1));
+        assert!(t.restore_node(file, 201, 1));
         assert!(t.restore_handle(fh, false, 9));
         assert_eq!(t.node_to_driver(dir), ToDriver::Mapped(200));
         assert_eq!(t.node_to_driver(file), ToDriver::Mapped(201));

@@ -110,7 +110,7 @@ proptest! {
                 Op::Restart => {
                     generation += 1;
                     driver_out.clear();
-                    table.begin_generation();
+                    table.begin_generation(generation);
                     // Some nodes are asked for again (as requests name them), others stay
                     // pending or turn out lost.
                     let mut held: Vec<u64> = lookups.keys().copied().collect();
@@ -118,7 +118,7 @@ proptest! {
                     for node in held.into_iter().step_by(2) {
                         for (n, _, _) in table.pending_path(node).unwrap_or_default() {
                             let driver = driver_id(file_of[&n], generation);
-                            if table.restore_node(n, driver) {
+                            if table.restore_node(n, driver, generation) {
                                 *driver_out.entry(driver).or_default() += 1;
                             }
                         }

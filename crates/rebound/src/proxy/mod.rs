@@ -13,6 +13,7 @@
 //! boundaries, so an unmodified driver reads exactly one request per `read(2)` and writes one
 //! reply per `write(2)`.
 
+mod checkpoints;
 mod private;
 mod recovery;
 
@@ -35,6 +36,7 @@ use tracker::{
 };
 use zerocopy::FromBytes;
 
+use crate::checkpoint::ImageCheckpoint;
 use private::PrivateCalls;
 pub use recovery::Restored;
 
@@ -113,6 +115,11 @@ pub struct ProxyStats {
     pub doubts_confirmed: AtomicU64,
     /// Changes in the redo log: acknowledged by the driver, not yet covered by a checkpoint.
     pub redo_entries: AtomicU64,
+    /// The most the redo log has held.
+    pub redo_entries_max: AtomicU64,
+    /// Checkpoints made, and the longest (with an image checkpoint, requests wait that long).
+    pub checkpoints: AtomicU64,
+    pub checkpoint_us_max: AtomicU64,
 }
 
 /// The channel pair a driver gets in place of `/dev/fuse`: rebound's end and the driver's.
@@ -196,12 +203,14 @@ pub struct RecoveryTiming {
 }
 
 /// How a proxy protects the driver's work beyond restarting it.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ProxyOptions {
     /// Keep a redo log and checkpoint the driver this often (see [`tracker::redo`]).
     pub checkpoint_interval: Option<Duration>,
     /// How long a checkpoint may wait for the driver.
     pub checkpoint_timeout: Duration,
+    /// Clone the driver's image at each checkpoint (see [`crate::checkpoint`]).
+    pub image: Option<Arc<ImageCheckpoint>>,
     /// Ask a restarted driver again when an error reply suggests the driver is failing (see
     /// [`fuse_wire::suspect`]), except for this long after a restarted driver confirmed one.
     /// `None`: forward every well-formed error.
@@ -257,6 +266,11 @@ struct Shared {
     lookup_timeout_ms: AtomicU64,
     /// The changes acknowledged since the last checkpoint, if kept.
     redo: Option<Mutex<tracker::RedoLog>>,
+    checkpoint_due: checkpoints::CheckpointDue,
+    /// With an image checkpoint: requests go to the driver under its read side, and a
+    /// checkpoint holds its write side while the driver must have nothing to do.
+    gate: Option<RwLock<()>>,
+    image: Option<Arc<ImageCheckpoint>>,
     second_opinions: Option<SecondOpinions>,
 }
 
@@ -423,6 +437,9 @@ impl Proxy {
             redo: options
                 .checkpoint_interval
                 .map(|_| Mutex::new(tracker::RedoLog::default())),
+            checkpoint_due: checkpoints::CheckpointDue::default(),
+            gate: options.image.as_ref().map(|_| RwLock::new(())),
+            image: options.image.clone(),
             second_opinions: options
                 .second_opinion_cooldown
                 .map(|cooldown| SecondOpinions {
@@ -444,7 +461,7 @@ impl Proxy {
             let timeout = options.checkpoint_timeout;
             std::thread::Builder::new()
                 .name("checkpoint".into())
-                .spawn(move || recovery::checkpoints(&checkpointed, interval, timeout))?;
+                .spawn(move || checkpoints::run(&checkpointed, interval, timeout))?;
         }
         Ok(Proxy {
             stats,
@@ -824,6 +841,11 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
         }
     };
     let unique = info.header.unique;
+    // Held until the request is with the driver or parked (see `checkpoints`).
+    let _gate = shared
+        .gate
+        .as_ref()
+        .map(|gate| gate.read().unwrap_or_else(|e| e.into_inner()));
     match info.opcode {
         Some(Opcode::Forget | Opcode::BatchForget) => return forward_forgets(shared, msg),
         // Only the driver that has the interrupted request can act on it.
@@ -888,7 +910,7 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
                 lookups += 1;
                 let timeout =
                     Duration::from_millis(shared.lookup_timeout_ms.load(Ordering::Relaxed));
-                let _ = recovery::resolve(shared, &driver, node, timeout);
+                let _ = recovery::resolve(shared, &driver, generation, node, timeout);
             }
             Err(tracker::Untranslated::Pending(_)) => {
                 drop(link);
@@ -1104,6 +1126,11 @@ fn forward_forgets(shared: &Shared, msg: &mut [u8]) {
         }
     };
     if let (Some(driver), true) = (driver, len > 0) {
+        tracing::trace!(
+            "kernel's forget to the driver: node {:?} count {:?}",
+            read_u64(msg, NODEID_AT),
+            read_u64(msg, size::IN_HEADER)
+        );
         let _ = rustix::net::send(&*driver, &msg[..len], SendFlags::NOSIGNAL);
     }
 }
@@ -1463,6 +1490,10 @@ fn record_mutation(shared: &Shared, request: &Inflight, reply: &[u8]) {
         .stats
         .redo_entries
         .store(redo.len() as u64, Ordering::Relaxed);
+    shared
+        .stats
+        .redo_entries_max
+        .fetch_max(redo.len() as u64, Ordering::Relaxed);
 }
 
 /// Rewrites the node ids of a checked notification to the kernel's. Returns false if it names

@@ -14,6 +14,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rustix::net::SendFlags;
+use zerocopy::FromBytes;
 
 const PRIVATE_BIT: u64 = 1 << 62;
 
@@ -60,6 +61,7 @@ impl PrivateCalls {
             }
         };
         for (_, request) in requests {
+            trace_sent(request);
             if let Err(e) = rustix::net::send(driver, request, SendFlags::NOSIGNAL) {
                 forget_all();
                 return Err(e.into());
@@ -105,6 +107,7 @@ impl PrivateCalls {
     /// Sends a request whose reply nobody waits for (FORGET takes none; a RELEASE's is
     /// dropped on arrival).
     pub fn send(&self, driver: &OwnedFd, request: &[u8]) -> io::Result<()> {
+        trace_sent(request);
         rustix::net::send(driver, request, SendFlags::NOSIGNAL)?;
         Ok(())
     }
@@ -161,6 +164,23 @@ impl PrivateCalls {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Option<Vec<u8>>>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Logs one of rebound's own requests at trace level: what a driver was asked, by whom.
+fn trace_sent(request: &[u8]) {
+    if tracing::enabled!(tracing::Level::TRACE) {
+        if let Ok((header, rest)) = fuse_wire::InHeader::read_from_prefix(request) {
+            let first = rest
+                .get(..8)
+                .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or_default()));
+            tracing::trace!(
+                "own request {}: opcode {} node {} first field {first:?}",
+                header.unique,
+                header.opcode,
+                header.nodeid
+            );
+        }
     }
 }
 

@@ -66,12 +66,14 @@ fn reopen_flags(flags: u32) -> u32 {
     flags & !(OFlags::CREATE | OFlags::EXCL | OFlags::TRUNC).bits()
 }
 
-/// The current driver's id for the kernel's `node`: looked up by path, parents first, if the
+/// Driver `generation`'s id for the kernel's `node`: looked up by path, parents first, if the
 /// restarted driver has not been asked for it yet. `None` if it cannot be found (it is then
-/// lost: requests on it fail with `EIO`). Runs on whichever thread needs the node.
+/// lost: requests on it fail with `EIO`). Runs on whichever thread needs the node; fails if
+/// `driver` is replaced meanwhile (what it answered means nothing to its successor).
 pub(super) fn resolve(
     shared: &Shared,
     driver: &OwnedFd,
+    generation: u64,
     node: u64,
     timeout: Duration,
 ) -> io::Result<Option<u64>> {
@@ -111,16 +113,27 @@ pub(super) fn resolve(
                 .flatten()
                 .filter(|&d| d != 0)
         });
+        let mut objects = shared.objects();
+        if objects.generation() != generation {
+            drop(objects);
+            if let Some(driver_node) = found {
+                let _ = calls.send(driver, &forget_request(calls.next_unique(), driver_node, 1));
+            }
+            return Err(io::Error::other("the driver was replaced"));
+        }
         match found {
             Some(driver_node) => {
-                if shared.objects().restore_node(at, driver_node) {
+                if objects.restore_node(at, driver_node, generation) {
+                    drop(objects);
                     shared.stats.restored_nodes.fetch_add(1, Ordering::Relaxed);
                 } else {
+                    drop(objects);
                     let _ =
                         calls.send(driver, &forget_request(calls.next_unique(), driver_node, 1));
                 }
             }
             None => {
+                drop(objects);
                 lost(shared, at);
                 return Ok(None);
             }
@@ -162,6 +175,7 @@ fn lost(shared: &Shared, node: u64) {
 pub(super) fn translate(
     shared: &Shared,
     driver: &OwnedFd,
+    generation: u64,
     msg: &mut [u8],
     fields: fuse_wire::ids::IdFields,
     timeout: Duration,
@@ -173,7 +187,7 @@ pub(super) fn translate(
             Err(tracker::Untranslated::Pending(node)) => node,
             done => return done,
         };
-        match resolve(shared, driver, pending, timeout) {
+        match resolve(shared, driver, generation, pending, timeout) {
             Ok(Some(_)) => {}
             Ok(None) => return Err(tracker::Untranslated::Lost),
             // The driver did not answer: the node is still to be looked up.
@@ -183,46 +197,23 @@ pub(super) fn translate(
     Err(tracker::Untranslated::Lost)
 }
 
-/// Checkpoints the serving driver every `interval` while the redo log holds changes: opens a
-/// file lately written, FSYNCs it (fuse2fs then flushes everything it holds in memory),
-/// closes it, and drops the changes acknowledged before the FSYNC was sent.
-pub(super) fn checkpoints(shared: &Shared, interval: Duration, timeout: Duration) {
-    let Some(redo) = &shared.redo else {
-        return;
-    };
-    loop {
-        std::thread::sleep(interval);
-        let (mark, candidates) = {
-            let log = redo.lock().unwrap_or_else(|e| e.into_inner());
-            if log.is_empty() {
-                continue;
-            }
-            (log.mark(), log.flush_candidates())
-        };
-        let (driver, generation) = match &*shared.link() {
-            Link::Serving { driver, generation } => (driver.clone(), *generation),
-            _ => continue,
-        };
-        let driver = NewDriver {
-            init_reply: std::cell::OnceCell::new(),
-            shared,
-            driver: &driver,
-            generation,
-            timeout,
-        };
-        for node in candidates {
-            if let Ok(true) = driver.flush_through(node) {
-                let mut log = redo.lock().unwrap_or_else(|e| e.into_inner());
-                log.checkpointed(mark);
-                tracing::debug!("checkpoint: {} changes left in the redo log", log.len());
-                shared
-                    .stats
-                    .redo_entries
-                    .store(log.len() as u64, Ordering::Relaxed);
-                break;
-            }
-        }
+/// Opens the kernel's `node` in driver `generation` for writing, FSYNCs and closes it (a
+/// checkpoint: fuse2fs then flushes everything it holds). Returns whether the FSYNC succeeded.
+pub(super) fn flush_through(
+    shared: &Shared,
+    driver: &Arc<OwnedFd>,
+    generation: u64,
+    timeout: Duration,
+    node: u64,
+) -> io::Result<bool> {
+    NewDriver {
+        init_reply: std::cell::OnceCell::new(),
+        shared,
+        driver,
+        generation,
+        timeout,
     }
+    .flush_through(node)
 }
 
 /// Walks paths in a driver during a replay, remembering what it found (node, inode number)
@@ -285,7 +276,7 @@ pub(super) fn restore(
     let mut restored = Restored::default();
     // Nodes are looked up when first needed; handles are reopened now, their nodes first.
     // Before that, what the failed driver acknowledged and lost is applied again.
-    let plan = shared.objects().begin_generation();
+    let plan = shared.objects().begin_generation(generation);
     restored.nodes = shared.objects().node_count();
     if let Some(redo) = &shared.redo {
         let entries = redo.lock().unwrap_or_else(|e| e.into_inner()).entries();
@@ -331,6 +322,11 @@ pub(super) fn restore(
     if shared.inflight.is_empty() {
         // Nothing waits: the new driver is ready to serve now.
         super::first_reply_served(shared);
+    }
+    if restored.replayed > 0 {
+        // What was replayed is durable only once checkpointed: until then, another failure
+        // replays it again.
+        shared.checkpoint_due.soon();
     }
     restored.restore_ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(restored)
@@ -505,8 +501,14 @@ impl NewDriver<'_> {
     ) -> Result<(), String> {
         let mut opens = Vec::new();
         for &(fh, dir, node, flags) in handles {
-            match resolve(self.shared, self.driver, node, self.timeout)
-                .map_err(|e| format!("restoring the node of a handle: {e}"))?
+            match resolve(
+                self.shared,
+                self.driver,
+                self.generation,
+                node,
+                self.timeout,
+            )
+            .map_err(|e| format!("restoring the node of a handle: {e}"))?
             {
                 Some(driver_node) => opens.push((fh, dir, driver_node, flags)),
                 None => self.handle_lost(restored),
@@ -552,9 +554,26 @@ impl NewDriver<'_> {
     }
 
     /// Opens the kernel's `node` for writing, FSYNCs and closes it. Returns whether the
-    /// FSYNC succeeded.
+    /// FSYNC succeeded. The file is reached by its path with lookups of rebound's own, given
+    /// back at the end: the kernel may forget the node at any moment, and a driver asked
+    /// about a node it was told to forget may abort (libfuse's "node not found").
     fn flush_through(&self, node: u64) -> io::Result<bool> {
-        let Some(driver_node) = resolve(self.shared, self.driver, node, self.timeout)? else {
+        let path: Option<Vec<Box<[u8]>>> = self
+            .shared
+            .objects()
+            .path(node)
+            .map(|path| path.into_iter().map(Box::from).collect());
+        let Some(path) = path else {
+            return Ok(false);
+        };
+        let mut walker = Walker::default();
+        let flushed = self.fsync_at(&mut walker, &path);
+        self.forget_lookups(walker);
+        flushed
+    }
+
+    fn fsync_at(&self, walker: &mut Walker, path: &[Box<[u8]>]) -> io::Result<bool> {
+        let Some((driver_node, _)) = self.walk(walker, path)? else {
             return Ok(false);
         };
         let write_only = rustix::fs::OFlags::WRONLY.bits();
@@ -565,6 +584,17 @@ impl NewDriver<'_> {
         let synced = self.call(fsync_request(0, driver_node, fh), ReplyShape::Empty)?;
         self.release(driver_node, fh, write_only, false);
         Ok(synced.is_ok())
+    }
+
+    /// Gives back the lookups `walker` made the driver hand out.
+    fn forget_lookups(&self, walker: Walker) {
+        let calls = &self.shared.calls;
+        for (node, count) in walker.lookups {
+            let _ = calls.send(
+                self.driver,
+                &forget_request(calls.next_unique(), node, count),
+            );
+        }
     }
 
     /// The driver's node at `path`, looked up component by component, and its inode number
@@ -654,13 +684,7 @@ impl NewDriver<'_> {
                 }),
             }
         }
-        for (node, count) in walker.lookups {
-            let calls = &self.shared.calls;
-            let _ = calls.send(
-                self.driver,
-                &forget_request(calls.next_unique(), node, count),
-            );
-        }
+        self.forget_lookups(walker);
         Ok((applied, skipped))
     }
 
@@ -818,9 +842,15 @@ impl NewDriver<'_> {
             lookup_request(0, parent, name),
             ReplyShape::Entry { negative_ok: true },
         )?;
-        Ok(reply
+        let found = reply
             .ok()
-            .and_then(|entry| Some((read_u64(&entry, 0).filter(|&n| n != 0)?, entry))))
+            .and_then(|entry| Some((read_u64(&entry, 0).filter(|&n| n != 0)?, entry)));
+        tracing::trace!(
+            "lookup {parent}/{} -> {:?}",
+            String::from_utf8_lossy(name),
+            found.as_ref().map(|f| f.0)
+        );
+        Ok(found)
     }
 
     /// OPEN/OPENDIR of the driver's `node`: the `fuse_open_out`, or `None` if refused.
@@ -838,11 +868,13 @@ impl NewDriver<'_> {
         );
     }
 
+    /// Closes a handle of rebound's own, waiting for the answer: a driver with many threads
+    /// could otherwise take a FORGET sent after it first, drop the node, and abort on the
+    /// RELEASE (libfuse's "node not found"; the kernel never forgets an open file).
     fn release(&self, driver_node: u64, driver_fh: u64, flags: u32, dir: bool) {
-        let calls = &self.shared.calls;
-        let _ = calls.send(
-            self.driver,
-            &release_request(calls.next_unique(), driver_node, driver_fh, flags, dir),
+        let _ = self.call(
+            release_request(0, driver_node, driver_fh, flags, dir),
+            ReplyShape::Empty,
         );
     }
 
@@ -873,8 +905,14 @@ impl NewDriver<'_> {
             let Ok(fields) = Request::parse(&bytes).map(|req| req.id_fields()) else {
                 continue;
             };
-            let taken = match translate(self.shared, self.driver, &mut bytes, fields, self.timeout)
-            {
+            let taken = match translate(
+                self.shared,
+                self.driver,
+                self.generation,
+                &mut bytes,
+                fields,
+                self.timeout,
+            ) {
                 Ok(_) => self
                     .call(bytes, ReplyShape::Empty)
                     .map_err(|e| format!("taking a lock again: {e}"))?
@@ -894,7 +932,13 @@ impl NewDriver<'_> {
 
     /// The driver's id of the kernel's directory `parent`, looked up if need be.
     fn dir(&self, parent: u64) -> io::Result<Option<u64>> {
-        resolve(self.shared, self.driver, parent, self.timeout)
+        resolve(
+            self.shared,
+            self.driver,
+            self.generation,
+            parent,
+            self.timeout,
+        )
     }
 
     /// Deals with a request the failed driver left unanswered (or that waited for this one):
@@ -1076,7 +1120,13 @@ impl NewDriver<'_> {
         if write.flags & append == 0 || write.write_flags & fuse_wire::abi::WRITE_CACHE != 0 {
             return Ok(None);
         }
-        let Some(driver_node) = resolve(self.shared, self.driver, req.header.nodeid, self.timeout)?
+        let Some(driver_node) = resolve(
+            self.shared,
+            self.driver,
+            self.generation,
+            req.header.nodeid,
+            self.timeout,
+        )?
         else {
             return Ok(None);
         };
@@ -1109,7 +1159,14 @@ impl NewDriver<'_> {
             Ok(req) => req.id_fields(),
             Err(_) => return answer_in_drivers_place(shared, unique, queue, Errno::IO),
         };
-        match translate(shared, self.driver, msg, fields, self.timeout) {
+        match translate(
+            shared,
+            self.driver,
+            self.generation,
+            msg,
+            fields,
+            self.timeout,
+        ) {
             Ok(patches) => request.request.patches = patches,
             Err(tracker::Untranslated::Pending(_)) => {
                 // This driver failed while a node was looked up: the next one gets it.

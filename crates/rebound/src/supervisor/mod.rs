@@ -32,6 +32,7 @@ use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::process::Signal;
 
 use crate::cgroup::DriverCgroup;
+use crate::checkpoint::ImageCheckpoint;
 use crate::config::{BudgetPolicy, Config, Profile};
 use crate::control::{self, ControlSocket, StatusBoard};
 use crate::proxy::{Proxy, ProxyEvent, ProxyOptions};
@@ -157,6 +158,8 @@ struct Run<'a> {
     standby_pace: standby::StandbyPace,
     /// Why this run keeps no standby, if it keeps none.
     standby_not_wanted: Option<String>,
+    /// The driver's image and its last checkpoint, if `image` is set.
+    image: Option<Arc<ImageCheckpoint>>,
 }
 
 /// Runs `argv` as a FUSE driver behind rebound until the mount ends. Returns the exit code.
@@ -174,6 +177,13 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
     let (commands_rx, commands_tx) = UnixStream::pair().context("creating the command channel")?;
     commands_rx.set_nonblocking(true)?;
 
+    // Before any driver has the image open: this first checkpoint is the state to go back to.
+    let image = match &config.image {
+        Some(path) => Some(Arc::new(
+            ImageCheckpoint::new(path).map_err(|e| anyhow::anyhow!(e))?,
+        )),
+        None => None,
+    };
     let cgroup = match DriverCgroup::create(&std::process::id().to_string(), &config.limits) {
         Ok(Some(cgroup)) => Some(cgroup),
         Ok(None) => {
@@ -255,6 +265,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         standby: None,
         standby_pace: standby::StandbyPace::new(),
         standby_not_wanted: standby::not_wanted(config, argv),
+        image,
     };
     if let Some(why) = &run.standby_not_wanted {
         tracing::info!("no standby successor: {why}");
@@ -503,6 +514,7 @@ impl Run<'_> {
                         .redo_log
                         .then(|| self.config.checkpoint_interval()),
                     checkpoint_timeout: self.config.probe_timeout(),
+                    image: self.image.clone(),
                     second_opinion_cooldown: self.config.second_opinion_cooldown(),
                 };
                 let proxy = Proxy::start(mount.kernel, mount.channel, tx, options)
@@ -1033,6 +1045,16 @@ impl Run<'_> {
                 self.recovery_phase_done("backoff");
                 if self.promote_standby(now)? {
                     return Ok(());
+                }
+                if let Some(image) = &self.image {
+                    match image.roll_back() {
+                        Ok(took) => tracing::info!(
+                            "image rolled back to its last checkpoint in {:.1} ms",
+                            took.as_secs_f64() * 1000.0
+                        ),
+                        Err(e) => tracing::error!("rolling the image back: {e}"),
+                    }
+                    self.recovery_phase_done("rollback");
                 }
                 if !self.config.pre_restart.is_empty() {
                     self.run_pre_restart();

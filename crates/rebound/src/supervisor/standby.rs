@@ -63,6 +63,13 @@ pub fn not_wanted(config: &Config, argv: &[OsString]) -> Option<String> {
                 .into(),
         );
     }
+    if config.image.is_some() {
+        return Some(
+            "the image is rolled back after a failure, under a successor that would have \
+             read it before"
+                .into(),
+        );
+    }
     let program = Path::new(argv.first()?).file_name()?.to_string_lossy();
     READS_STORE_AT_START
         .contains(&program.as_ref())

@@ -1,0 +1,130 @@
+//! Checkpoints (ODFT): every `checkpoint_interval_ms` while the redo log holds changes, and
+//! right after each recovery, the serving driver is made to flush what it keeps in memory (an
+//! FSYNC through a file lately written: fuse2fs then flushes everything), and the redo log
+//! drops the changes that made durable.
+//!
+//! With an image checkpoint ([`crate::checkpoint`]), what is durable is the clone, not the
+//! image: requests are held from before the FSYNC until the clone is made (the driver may
+//! have nothing in flight then, or the clone could hold half a change), and the changes before
+//! it are dropped only once the clone exists.
+//!
+//! Owns: when checkpoints happen and the quiet around them. Must not: replay (see
+//! [`super::recovery`]) or clone files itself.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{recovery, Link, Shared};
+
+/// How long requests may be held while the driver finishes those it has, before the
+/// checkpoint is put off.
+const DRAIN_LIMIT: Duration = Duration::from_millis(100);
+
+/// Wakes the checkpointer before its interval is up.
+#[derive(Default)]
+pub(super) struct CheckpointDue {
+    due: Mutex<bool>,
+    woken: Condvar,
+}
+
+impl CheckpointDue {
+    /// A checkpoint should come now (a recovery just replayed the redo log).
+    pub(super) fn soon(&self) {
+        *self.due.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.woken.notify_one();
+    }
+
+    /// Waits until `interval` has passed or a checkpoint is asked for.
+    fn wait(&self, interval: Duration) {
+        let due = self.due.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut due, _) = self
+            .woken
+            .wait_timeout_while(due, interval, |due| !*due)
+            .unwrap_or_else(|e| e.into_inner());
+        *due = false;
+    }
+}
+
+/// The checkpointer's loop; runs for as long as rebound does.
+pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
+    let Some(redo) = &shared.redo else {
+        return;
+    };
+    loop {
+        shared.checkpoint_due.wait(interval);
+        if redo.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            continue;
+        }
+        // With an image checkpoint, no request may reach the driver from here until the clone.
+        let quiet = shared
+            .gate
+            .as_ref()
+            .map(|gate| gate.write().unwrap_or_else(|e| e.into_inner()));
+        let started = Instant::now();
+        let (driver, generation) = match &*shared.link() {
+            Link::Serving { driver, generation } => (driver.clone(), *generation),
+            _ => continue,
+        };
+        if quiet.is_some() && !drained(shared, started + DRAIN_LIMIT.min(timeout)) {
+            tracing::debug!("checkpoint put off: requests still in flight");
+            continue;
+        }
+        let (mark, candidates) = {
+            let log = redo.lock().unwrap_or_else(|e| e.into_inner());
+            (log.mark(), log.flush_candidates())
+        };
+        let rollbacks = shared.image.as_ref().map(|image| image.rollbacks());
+        let covered = || {
+            let mut log = redo.lock().unwrap_or_else(|e| e.into_inner());
+            log.checkpointed(mark);
+            shared
+                .stats
+                .redo_entries
+                .store(log.len() as u64, Ordering::Relaxed);
+        };
+        let flushed = candidates.into_iter().any(|node| {
+            matches!(
+                recovery::flush_through(shared, &driver, generation, timeout, node),
+                Ok(true)
+            )
+        });
+        if !flushed {
+            continue;
+        }
+        match (&shared.image, rollbacks) {
+            (Some(image), Some(rollbacks)) => match image.take(rollbacks, covered) {
+                Ok(Some(_)) => {}
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!("checkpoint: cloning the image: {e}");
+                    continue;
+                }
+            },
+            _ => covered(),
+        }
+        drop(quiet);
+        let held_us = started.elapsed().as_micros() as u64;
+        shared.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        shared
+            .stats
+            .checkpoint_us_max
+            .fetch_max(held_us, Ordering::Relaxed);
+        tracing::debug!(
+            "checkpoint in {held_us} µs: {} changes left in the redo log",
+            shared.stats.redo_entries.load(Ordering::Relaxed)
+        );
+    }
+}
+
+/// Waits until the driver has answered every request sent to it (new ones are held by the
+/// gate), up to `deadline`.
+fn drained(shared: &Shared, deadline: Instant) -> bool {
+    while shared.inflight.oldest_sent().is_some() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    true
+}
