@@ -628,6 +628,14 @@ impl ObjectTable {
         }
     }
 
+    /// The current driver gives `node` the inode number `ino` (a restarted one may number a
+    /// file anew: fuse2fs when the file was made again by a replay). 0: unknown, kept.
+    pub fn renumber(&mut self, node: u64, ino: u64) {
+        if let (Some(entry), true) = (self.nodes.get_mut(&node), ino != 0) {
+            entry.ino = ino;
+        }
+    }
+
     /// The driver generation whose ids the table holds.
     pub fn generation(&self) -> u64 {
         self.generation

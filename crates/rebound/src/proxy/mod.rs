@@ -271,8 +271,14 @@ struct Shared {
     /// checkpoint holds its write side while the driver must have nothing to do.
     gate: Option<RwLock<()>>,
     image: Option<Arc<ImageCheckpoint>>,
+    /// Directories where names were lately removed (most recent last): a driver killed there
+    /// may have left hidden files behind (see `recovery::leftovers`).
+    removal_dirs: Mutex<Vec<u64>>,
     second_opinions: Option<SecondOpinions>,
 }
+
+/// How many directories [`Shared::removal_dirs`] keeps.
+const REMOVAL_DIRS_KEPT: usize = 16;
 
 const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
 /// A request whose reply drivers refuse this many times is failed with `EIO` on its own
@@ -440,6 +446,7 @@ impl Proxy {
             checkpoint_due: checkpoints::CheckpointDue::default(),
             gate: options.image.as_ref().map(|_| RwLock::new(())),
             image: options.image.clone(),
+            removal_dirs: Mutex::new(Vec::new()),
             second_opinions: options
                 .second_opinion_cooldown
                 .map(|cooldown| SecondOpinions {
@@ -1401,6 +1408,13 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
             // Before the commit, while names still lead where the request found them.
             record_mutation(shared, &request, body);
         }
+        if let PendingChange::Remove { parent, .. }
+        | PendingChange::Rename {
+            new_parent: parent, ..
+        } = &request.change
+        {
+            note_removal_dir(shared, *parent);
+        }
         if request.change != PendingChange::None {
             shared.objects().on_success(request.change.clone(), body);
         }
@@ -1433,6 +1447,21 @@ fn kernel_bytes(request: &Inflight) -> Vec<u8> {
     let mut bytes = request.request.bytes().to_vec();
     request.request.patches.undo(&mut bytes);
     bytes
+}
+
+/// A name was removed (or replaced) in the kernel's directory `dir`.
+fn note_removal_dir(shared: &Shared, dir: u64) {
+    let mut dirs = shared
+        .removal_dirs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if dirs.last() != Some(&dir) {
+        dirs.retain(|&d| d != dir);
+        dirs.push(dir);
+        if dirs.len() > REMOVAL_DIRS_KEPT {
+            dirs.remove(0);
+        }
+    }
 }
 
 /// Adds a change the driver acknowledged (with `reply`) to the redo log, with the paths of the

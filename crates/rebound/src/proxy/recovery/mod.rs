@@ -13,6 +13,8 @@
 //! Owns: the restore sequence and the decision, per request, to repeat or to settle it.
 //! Must not: hold the object table's lock across a request to the driver.
 
+mod leftovers;
+
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -51,6 +53,8 @@ pub struct Restored {
     pub restore_ms: f64,
     /// Changes of the redo log applied again.
     pub replayed: usize,
+    /// Hidden files of failed drivers deleted (see [`leftovers`]).
+    pub leftovers: usize,
 }
 
 /// Most of rebound's own requests out at once during a restore.
@@ -108,22 +112,24 @@ pub(super) fn resolve(
             parsed
                 .validate_reply(ReplyShape::Entry { negative_ok: true }, shared.minor())
                 .ok()?;
-            (parsed.header.error == 0)
+            let node = (parsed.header.error == 0)
                 .then(|| read_u64(parsed.body, 0))
                 .flatten()
-                .filter(|&d| d != 0)
+                .filter(|&d| d != 0)?;
+            Some((node, tracker::objects::entry_ino(parsed.body, 0)))
         });
         let mut objects = shared.objects();
         if objects.generation() != generation {
             drop(objects);
-            if let Some(driver_node) = found {
+            if let Some((driver_node, _)) = found {
                 let _ = calls.send(driver, &forget_request(calls.next_unique(), driver_node, 1));
             }
             return Err(io::Error::other("the driver was replaced"));
         }
         match found {
-            Some(driver_node) => {
+            Some((driver_node, ino)) => {
                 if objects.restore_node(at, driver_node, generation) {
+                    objects.renumber(at, ino);
                     drop(objects);
                     shared.stats.restored_nodes.fetch_add(1, Ordering::Relaxed);
                 } else {
@@ -287,6 +293,16 @@ pub(super) fn restore(
         log_skipped(&skipped);
         mark_recovery_phase(shared, "replay");
     }
+    let removal_dirs = shared
+        .removal_dirs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if !removal_dirs.is_empty() {
+        restored.leftovers = new
+            .remove_leftovers(&removal_dirs)
+            .map_err(|e| format!("removing hidden files: {e}"))?;
+    }
     for chunk in plan.handles.chunks(BATCH) {
         new.restore_handles(chunk, &mut restored)?;
     }
@@ -323,7 +339,7 @@ pub(super) fn restore(
         // Nothing waits: the new driver is ready to serve now.
         super::first_reply_served(shared);
     }
-    if restored.replayed > 0 {
+    if restored.replayed > 0 || restored.leftovers > 0 {
         // What was replayed is durable only once checkpointed: until then, another failure
         // replays it again.
         shared.checkpoint_due.soon();
@@ -659,7 +675,9 @@ impl NewDriver<'_> {
     fn replay(&self, entries: &[tracker::Mutation]) -> io::Result<(usize, Vec<SkippedChange>)> {
         let mut walker = Walker::default();
         if !entries.is_empty() {
-            walker.numbers_kept = self.numbers_kept(&mut walker)?;
+            // After a roll-back the image is exactly as at the checkpoint, and the log holds
+            // everything since: each change applies, whatever the inode numbers say.
+            walker.numbers_kept = self.shared.image.is_none() && self.numbers_kept(&mut walker)?;
         }
         let (mut applied, mut skipped) = (0, Vec::new());
         for mutation in entries {
