@@ -6,7 +6,7 @@
 # when something is missing.
 set -euo pipefail
 
-packages=(fuse3 libfuse3-dev fuse2fs e2fsprogs sshfs openssh-server openssh-client attr fio
+packages=(fuse3 libfuse3-dev fuse2fs e2fsprogs xfsprogs sshfs openssh-server openssh-client attr fio
           gcc make pkg-config python3 python3-pytest golang-go)
 # `deps.sh bench`: also what the benchmarks plot with.
 if [ "${1:-}" = bench ]; then

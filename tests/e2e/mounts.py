@@ -427,6 +427,9 @@ class Mount:
     sshd: Sshd = None
     config: str = None  # text of a rebound config file, passed with --config
     driver_env: dict = None  # more environment for the driver (through env(1))
+    # The image lives on a file system that can clone it (scripts/reflink-dir.sh), for
+    # rebound's `image` checkpoints.
+    reflink: bool = False
     proc: subprocess.Popen = None  # rebound, or a foreground driver, or a daemonizing one's parent
     driver_pids: list = field(default_factory=list)
     returncode: int = None  # of rebound or of a foreground driver, once stopped
@@ -445,7 +448,7 @@ class Mount:
 
     @property
     def img(self):
-        return self.work / "disk.img"
+        return self.work / ("img/disk.img" if self.reflink else "disk.img")
 
     @property
     def daemonizes(self):
@@ -483,6 +486,9 @@ class Mount:
     def prepare(self, image_size):
         self.mnt.mkdir()
         if DRIVERS[self.driver][1] == "image":
+            if self.reflink:
+                subprocess.run([REPO / "scripts" / "reflink-dir.sh", self.img.parent,
+                                str(image_size * 2 // MiB + 300)], check=True)
             make_ext4(self.img, image_size)
         else:
             self.src.mkdir()
@@ -606,18 +612,21 @@ class Mount:
                 if (self.work / name).exists():
                     Path(keep).mkdir(parents=True, exist_ok=True)
                     shutil.copy(self.work / name, Path(keep) / f"{self.work.name}.{name}")
+        if self.reflink:
+            subprocess.run([REPO / "scripts" / "reflink-dir.sh", "--remove", self.img.parent],
+                           check=False)
         remove_workdir(self.work)
 
 
 @contextlib.contextmanager
 def mount_driver(driver, mode, *, sshd=None, image_size=64 * MiB, config=None,
-                 after_stop=None, watchdog=WATCHDOG, driver_env=None):
+                 after_stop=None, watchdog=WATCHDOG, driver_env=None, reflink=False):
     """Mounts driver in mode ("direct" or "rebound") in a fresh /tmp directory and yields the
     Mount. On a normal exit it stops the mount, asserts a clean stop and calls after_stop(m)
     (to inspect the backing store); in every case it then cleans up."""
     assert mode in MODES, mode
     m = Mount(driver, mode, new_workdir(driver), sshd=sshd, config=config, watchdog=watchdog,
-              driver_env=driver_env)
+              driver_env=driver_env, reflink=reflink)
     try:
         m.prepare(image_size)
         m.start()
