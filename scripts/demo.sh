@@ -414,7 +414,7 @@ if causes:
           + "  (crash: killed or died; during_restore: a new driver that failed before serving)")
 phases = st.get("recovery_phases_ms") or []
 if phases:
-    names = [p for p in ("reap", "backoff", "pre_restart", "spawn", "init", "replay", "restore",
+    names = [p for p in ("reap", "backoff", "rollback", "pre_restart", "spawn", "init", "replay", "restore",
                          "first_request") if any(p in x for x in phases)]
     def median(xs):
         xs = sorted(xs)

@@ -233,9 +233,24 @@ struct Walker {
     numbers_kept: bool,
     /// Inode numbers of files the replay made again: logged number → the new file's.
     renumbered: HashMap<u64, u64>,
+    /// Handles the replay opened for writing, kept for the next writes to the same file
+    /// (driver node → handle, flags): closed before a name is removed, and at the end.
+    writable: HashMap<u64, (u64, u32)>,
 }
 
 impl Walker {
+    /// Forgets what was found at `path` and below (it was removed or renamed).
+    fn forget_path(&mut self, path: Option<&tracker::redo::Path>, name: &[u8]) {
+        match path {
+            Some(dir) => self.found.retain(|found, _| {
+                !(found.len() > dir.len()
+                    && found.starts_with(dir)
+                    && *found[dir.len()] == *name)
+            }),
+            None => self.found.clear(),
+        }
+    }
+
     /// Whether `ino` (found now) is the file logged as `logged`; true when that cannot be told.
     fn same_file(&self, logged: u64, ino: u64) -> bool {
         !self.numbers_kept
@@ -702,6 +717,7 @@ impl NewDriver<'_> {
                 }),
             }
         }
+        self.close_writable(&mut walker);
         self.forget_lookups(walker);
         Ok((applied, skipped))
     }
@@ -774,7 +790,7 @@ impl NewDriver<'_> {
                         read_u64(&reply, 0),
                         fuse_wire::change::open_handle(&reply, true),
                     ) {
-                        self.release(node, fh, flags, false);
+                        self.keep_writable(walker, node, fh, flags);
                     }
                 }
             }
@@ -793,9 +809,12 @@ impl NewDriver<'_> {
                     None => Ok(()),
                     // The name now leads to a newer file: the removal was done before.
                     Some((_, ino)) if !walker.same_file(logged, ino) => Ok(()),
-                    Some(_) => refused(self.call(bytes, shape)?),
+                    Some(_) => {
+                        self.close_writable(walker);
+                        refused(self.call(bytes, shape)?)
+                    }
                 };
-                walker.found.clear();
+                walker.forget_path(mutation.paths.first().and_then(Option::as_ref), name);
                 return Ok(done);
             }
             (
@@ -808,6 +827,7 @@ impl NewDriver<'_> {
                 },
             ) => {
                 let to = nodes.get(1).copied().unwrap_or(first);
+                self.close_writable(walker);
                 let done = match self.named(walker, first, name)? {
                     None => Ok(()),
                     Some(_) if *exchange => refused(self.call(bytes, shape)?),
@@ -822,23 +842,31 @@ impl NewDriver<'_> {
                         }
                     }
                 };
-                walker.found.clear();
+                let from_dir = mutation.paths.first().and_then(Option::as_ref);
+                let to_dir = mutation.paths.get(1).and_then(Option::as_ref).or(from_dir);
+                walker.forget_path(from_dir, name);
+                walker.forget_path(to_dir, new_name);
                 return Ok(done);
             }
             // The node's path now leads to another file: the change was to a file since
             // renamed or removed, and the image has what became of it.
             _ if !walker.same_file(logged, node_ino) => return Ok(Ok(())),
             (Some(Opcode::Write | Opcode::Fallocate), _) => {
-                let write_only = OFlags::WRONLY.bits();
-                let Some(open_out) = self.open(first, write_only, false)? else {
-                    return Ok(Err(Skip::NotOpened));
+                let fh = match walker.writable.get(&first) {
+                    Some(&(fh, _)) => fh,
+                    None => {
+                        let write_only = OFlags::WRONLY.bits();
+                        let Some(open_out) = self.open(first, write_only, false)? else {
+                            return Ok(Err(Skip::NotOpened));
+                        };
+                        let fh = read_u64(&open_out, 0).unwrap_or(0);
+                        walker.writable.insert(first, (fh, write_only));
+                        fh
+                    }
                 };
-                let fh = read_u64(&open_out, 0).unwrap_or(0);
                 // `fh` is the first field of fuse_write_in and fuse_fallocate_in.
                 write_u64(&mut bytes, body, fh);
-                let done = refused(self.call(bytes, shape)?);
-                self.release(first, fh, write_only, false);
-                return Ok(done);
+                return Ok(refused(self.call(bytes, shape)?));
             }
             (Some(Opcode::Setattr), _) => {
                 // No handle: fuse_setattr_in.valid without FATTR_FH.
@@ -1215,6 +1243,29 @@ impl NewDriver<'_> {
                 write_to_kernel(self.shared, queue, &reply);
             }
             Err(_) => answer_in_drivers_place(self.shared, unique, queue, Errno::IO),
+        }
+    }
+
+    /// Keeps a handle the replay got (from CREATE) for the file's next writes, if it can
+    /// write at an offset; closes it otherwise.
+    fn keep_writable(&self, walker: &mut Walker, node: u64, fh: u64, flags: u32) {
+        let access = flags & rustix::fs::OFlags::ACCMODE.bits();
+        // A write through an O_APPEND handle would land at the end, not at its offset.
+        if access == rustix::fs::OFlags::RDONLY.bits()
+            || flags & rustix::fs::OFlags::APPEND.bits() != 0
+            || walker.writable.contains_key(&node)
+        {
+            self.release(node, fh, flags, false);
+        } else {
+            walker.writable.insert(node, (fh, flags));
+        }
+    }
+
+    /// Closes the handles the replay keeps: before a name goes (a driver may keep an open
+    /// file it is asked to unlink under a hidden name), and at the end.
+    fn close_writable(&self, walker: &mut Walker) {
+        for (node, (fh, flags)) in walker.writable.drain() {
+            self.release(node, fh, flags, false);
         }
     }
 
