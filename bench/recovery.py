@@ -8,7 +8,8 @@ from failure detection to the first request the new driver served), the referenc
 plain unmount + remount of the same driver mounted directly, timed the same way), and writing
 JSON lines, a Markdown table and a CDF plot.
 
-    bench/recovery.py [--drivers fuse2fs,passthrough_ll,sshfs,gofuse] [--kills 30]
+    bench/recovery.py [--drivers fuse2fs,passthrough_ll,sshfs,gofuse]
+                      [--kills 30 | --kills passthrough_ll=1000,fuse2fs=200,...]
                       [--remounts 100] [--settle 0.2] [--files 3000] [--out bench/results]
     bench/recovery.py --report bench/results/recovery-*.jsonl   (table and plot again)
 
@@ -174,7 +175,9 @@ def percentile(xs, p):
 
 
 def measure(driver, args, sshd):
-    """Mounts driver under rebound, kills it args.kills times; returns the result row."""
+    """Mounts driver under rebound, kills it args.kills[driver] times; returns the result
+    row."""
+    kills = args.kills[driver]
     m = mounts.Mount(driver, "rebound", mounts.new_workdir(f"recovery-{driver}"), sshd=sshd,
                      watchdog=3600.0, reflink=driver == "fuse2fs")
     m.config = config(driver, m)
@@ -203,7 +206,7 @@ def measure(driver, args, sshd):
                 return len(lat.all) >= row["kills"]
             mounts.wait_for(measured, 5)
 
-        while row["kills"] < args.kills and row["missed_kills"] < args.kills:
+        while row["kills"] < kills and row["missed_kills"] < kills:
             serving_again()
             time.sleep(args.settle)
             st = rebound_status(m.mnt)
@@ -482,7 +485,8 @@ def plot(rows, path):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--drivers", default=",".join(DRIVERS))
-    p.add_argument("--kills", type=int, default=30)
+    p.add_argument("--kills", default="30",
+                   help="kills per driver: a number for every driver, or DRIVER=N,...")
     p.add_argument("--files", type=int, default=3000, help="files in the workload's tree")
     p.add_argument("--remounts", type=int, default=100,
                    help="plain unmount + remount cycles of the driver mounted directly (the "
@@ -509,6 +513,14 @@ def main():
     unknown = [d for d in args.drivers if d not in DRIVERS]
     if unknown:
         sys.exit(f"recovery: unknown driver(s) {', '.join(unknown)}; known: {', '.join(DRIVERS)}")
+    try:
+        if "=" in args.kills:
+            pairs = dict(kv.split("=", 1) for kv in args.kills.split(","))
+            args.kills = {d: int(pairs[d]) for d in args.drivers}
+        else:
+            args.kills = dict.fromkeys(args.drivers, int(args.kills))
+    except (KeyError, ValueError) as e:
+        sys.exit(f"recovery: --kills: a number, or DRIVER=N for each driver run ({e})")
     if os.geteuid() != 0:
         sys.exit("recovery: mounts file systems; run it as root")
     # Our own control-socket directory: `rebound status` lists only this run's mounts.
@@ -529,7 +541,7 @@ def main():
         with open(path, "w") as sink:
             sink.write(json.dumps({"meta": meta}) + "\n")
             for driver in args.drivers:
-                print(f"recovery: {driver}: {args.kills} kills ...", file=sys.stderr, flush=True)
+                print(f"recovery: {driver}: {args.kills[driver]} kills ...", file=sys.stderr, flush=True)
                 row = measure(driver, args, sshd)
                 print(f"recovery: {driver}: {args.remounts} plain remounts ...", file=sys.stderr,
                       flush=True)
