@@ -243,9 +243,7 @@ impl Walker {
     fn forget_path(&mut self, path: Option<&tracker::redo::Path>, name: &[u8]) {
         match path {
             Some(dir) => self.found.retain(|found, _| {
-                !(found.len() > dir.len()
-                    && found.starts_with(dir)
-                    && *found[dir.len()] == *name)
+                !(found.len() > dir.len() && found.starts_with(dir) && *found[dir.len()] == *name)
             }),
             None => self.found.clear(),
         }
