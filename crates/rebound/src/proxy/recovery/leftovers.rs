@@ -17,7 +17,8 @@ use fuse_wire::ids::{read_u64, readdir_request, unlink_request};
 use fuse_wire::ReplyShape;
 use zerocopy::FromBytes;
 
-use super::{NewDriver, Walker};
+use super::replay::Walker;
+use super::NewDriver;
 
 /// The prefix of libfuse's hidden names.
 const HIDDEN: &[u8] = b".fuse_hidden";
