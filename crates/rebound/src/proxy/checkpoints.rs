@@ -12,10 +12,32 @@
 //! [`super::recovery`]) or clone files itself.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use super::{recovery, Link, Shared};
+use crate::checkpoint::ImageCheckpoint;
+
+/// An image checkpoint and the gate around it: requests go to the driver through its read
+/// side, and a checkpoint holds its write side while the driver must have nothing to do.
+pub(super) struct ImageGate {
+    checkpoint: Arc<ImageCheckpoint>,
+    gate: RwLock<()>,
+}
+
+impl ImageGate {
+    pub(super) fn new(checkpoint: Arc<ImageCheckpoint>) -> ImageGate {
+        ImageGate {
+            checkpoint,
+            gate: RwLock::new(()),
+        }
+    }
+
+    /// Held by a request on its way to the driver (or to its parking place).
+    pub(super) fn pass(&self) -> RwLockReadGuard<'_, ()> {
+        self.gate.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// How long requests may be held while the driver finishes those it has, before the
 /// checkpoint is put off.
@@ -57,10 +79,10 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
             continue;
         }
         // With an image checkpoint, no request may reach the driver from here until the clone.
-        let quiet = shared
-            .gate
-            .as_ref()
-            .map(|gate| gate.write().unwrap_or_else(|e| e.into_inner()));
+        let quiet = shared.image.as_ref().map(|image| {
+            let held = image.gate.write().unwrap_or_else(|e| e.into_inner());
+            (held, &image.checkpoint)
+        });
         let started = Instant::now();
         let (driver, generation) = match &*shared.link() {
             Link::Serving { driver, generation } => (driver.clone(), *generation),
@@ -74,7 +96,7 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
             let log = redo.lock().unwrap_or_else(|e| e.into_inner());
             (log.mark(), log.flush_candidates())
         };
-        let rollbacks = shared.image.as_ref().map(|image| image.rollbacks());
+        let rollbacks = quiet.as_ref().map(|(_, image)| image.rollbacks());
         let covered = || {
             let mut log = redo.lock().unwrap_or_else(|e| e.into_inner());
             log.checkpointed(mark);
@@ -92,8 +114,8 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
         if !flushed {
             continue;
         }
-        match (&shared.image, rollbacks) {
-            (Some(image), Some(rollbacks)) => match image.take(rollbacks, covered) {
+        match quiet.as_ref().zip(rollbacks) {
+            Some(((_, image), rollbacks)) => match image.take(rollbacks, covered) {
                 Ok(Some(_)) => {}
                 Ok(None) => continue,
                 Err(e) => {
@@ -101,7 +123,7 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
                     continue;
                 }
             },
-            _ => covered(),
+            None => covered(),
         }
         drop(quiet);
         let held_us = started.elapsed().as_micros() as u64;

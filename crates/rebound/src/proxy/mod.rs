@@ -267,10 +267,8 @@ struct Shared {
     /// The changes acknowledged since the last checkpoint, if kept.
     redo: Option<Mutex<tracker::RedoLog>>,
     checkpoint_due: checkpoints::CheckpointDue,
-    /// With an image checkpoint: requests go to the driver under its read side, and a
-    /// checkpoint holds its write side while the driver must have nothing to do.
-    gate: Option<RwLock<()>>,
-    image: Option<Arc<ImageCheckpoint>>,
+    /// The image checkpoint, if the driver's image is cloned at each checkpoint.
+    image: Option<checkpoints::ImageGate>,
     /// Directories where names were lately removed (most recent last): a driver killed there
     /// may have left hidden files behind (see `recovery::leftovers`).
     removal_dirs: Mutex<Vec<u64>>,
@@ -444,8 +442,7 @@ impl Proxy {
                 .checkpoint_interval
                 .map(|_| Mutex::new(tracker::RedoLog::default())),
             checkpoint_due: checkpoints::CheckpointDue::default(),
-            gate: options.image.as_ref().map(|_| RwLock::new(())),
-            image: options.image.clone(),
+            image: options.image.clone().map(checkpoints::ImageGate::new),
             removal_dirs: Mutex::new(Vec::new()),
             second_opinions: options
                 .second_opinion_cooldown
@@ -849,10 +846,7 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
     };
     let unique = info.header.unique;
     // Held until the request is with the driver or parked (see `checkpoints`).
-    let _gate = shared
-        .gate
-        .as_ref()
-        .map(|gate| gate.read().unwrap_or_else(|e| e.into_inner()));
+    let _gate = shared.image.as_ref().map(checkpoints::ImageGate::pass);
     match info.opcode {
         Some(Opcode::Forget | Opcode::BatchForget) => return forward_forgets(shared, msg),
         // Only the driver that has the interrupted request can act on it.
