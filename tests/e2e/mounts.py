@@ -148,6 +148,14 @@ def comm(pid):
         return ""
 
 
+def cgroups(pid):
+    """The cgroups of pid (its /proc/PID/cgroup), or "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return ""
+
+
 def alive(pid):
     """True while pid exists and is not a zombie."""
     st = _proc_stat(pid)

@@ -533,7 +533,9 @@ def test_a_write_sshfs_acknowledged_but_never_sent_survives_a_kill(mount, redo_l
     with mount("sshfs", "rebound", config=toml(restart_backoff_ms=0, redo_log=redo_log)) as m:
         (m.mnt / "f").write_bytes(original)
         status = wait_serving(m)
-        ssh = [p for p in mounts.descendants(status["rebound_pid"]) if mounts.comm(p) == "ssh"]
+        # The serving driver's, not its standby's (which runs in a cgroup of its own).
+        ssh = [p for p in mounts.descendants(status["rebound_pid"]) if mounts.comm(p) == "ssh"
+               and mounts.cgroups(p) == mounts.cgroups(status["driver_pid"])]
         assert len(ssh) == 1, explain(m, f"sshfs's ssh client not found: {ssh}")
         fd = os.open(m.mnt / "f", os.O_WRONLY)  # opened while the server still answers
         os.kill(ssh[0], signal.SIGSTOP)

@@ -1,4 +1,4 @@
-"""Standby successors: a driver started ahead of a failure, held at its mount(2), takes over.
+"""Standby successors: a driver started ahead of a failure, waiting for its INIT, takes over.
 
 Owns: the proof that for each driver that can have one (passthrough_ll, sshfs, go-fuse) a
 standby is kept ready while the driver serves, takes over when the serving driver is killed
@@ -54,6 +54,30 @@ def test_a_standby_takes_over_from_a_killed_driver(mount, driver):
         again = wait_serving(m, lambda s: standby_ready(s)
                              and s["standby_pid"] != before["standby_pid"])
         assert again["driver_pid"] != again["standby_pid"], explain(m, again)
+
+
+def test_an_sshfs_standby_has_its_ssh_session_open_before_a_failure(mount):
+    """sshfs opens its SSH session after mount(2) and then daemonizes: its standby's mount is
+    answered at once, so that both happen before a failure and the takeover pays for neither
+    (the daemon and its ssh are still told from the serving driver's)."""
+    with mount("sshfs", "rebound", config=toml(restart_backoff_ms=0)) as m:
+        (m.mnt / "f").write_text("x")
+        before = wait_serving(m, standby_ready)
+
+        def ssh_sessions():
+            return [p for p in mounts.descendants(before["rebound_pid"])
+                    if mounts.comm(p) == "ssh"]
+
+        assert mounts.wait_for(lambda: len(ssh_sessions()) == 2, 30), \
+            explain(m, f"ssh processes under rebound: {ssh_sessions()}")
+        sessions = set(ssh_sessions())
+        os.kill(before["driver_pid"], signal.SIGKILL)
+        after = wait_serving(m, lambda s: serving(s) and s["restarts"] == 1)
+        assert after["standby_takeovers"] == 1, explain(m, after)
+        assert (m.mnt / "f").read_text() == "x"
+        # The failed driver's session is gone; the standby's serves on.
+        kept = sessions & set(ssh_sessions())
+        assert len(kept) == 1, explain(m, f"ssh before {sessions}, after {ssh_sessions()}")
 
 
 def test_a_standby_dying_unused_is_replaced_and_no_failure(mount):

@@ -51,7 +51,9 @@ fn remove_stale(parent: &Path) {
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        // `PID` or `PID-2` (see `create`).
+        let run = name.to_str().map(|n| n.split('-').next().unwrap_or(n));
+        let Some(pid) = run.and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
         if !Path::new(&format!("/proc/{pid}")).exists() {
@@ -86,7 +88,8 @@ fn read_key(path: PathBuf, key: &str) -> u64 {
 }
 
 impl DriverCgroup {
-    /// Creates the cgroup `rebound/NAME` and sets `limits` on it. `None` when this machine has
+    /// Creates the cgroup `rebound/NAME` and sets `limits` on it. NAME is the run's pid, and
+    /// `PID-2` for its second (see `supervisor::standby`). `None` when this machine has
     /// no usable cgroup file system (the driver then runs unlimited, with a warning).
     pub fn create(name: &str, limits: &Limits) -> io::Result<Option<DriverCgroup>> {
         let root = Path::new(ROOT);

@@ -279,6 +279,28 @@ fn reattach(
     install_channel(listener, notif, fd, cloexec)
 }
 
+/// A standby successor's FUSE mount of the mount point rebound serves, answered before the
+/// standby is needed: like a restarted driver's (no new mount, a channel in place of its
+/// `/dev/fuse`), but the channel stays silent until the hand-over. Returns rebound's end and
+/// the inode of the standby's, or `None` when the call was refused (the caller has its errno).
+pub fn attach_standby(
+    listener: BorrowedFd<'_>,
+    notif: &Notification,
+) -> io::Result<Option<(OwnedFd, u64)>> {
+    let attached = read_mount_call(notif).and_then(|call| reattach(listener, notif, &call));
+    match attached {
+        Ok(channel) => {
+            seccomp::respond(listener, notif.id, 0, 0)?;
+            Ok(Some(channel))
+        }
+        Err(errno) => {
+            tracing::warn!("could not give the standby driver its channel: {errno}");
+            seccomp::respond(listener, notif.id, -1, errno.raw_os_error())?;
+            Ok(None)
+        }
+    }
+}
+
 /// Mounts with rebound's own `/dev/fuse` and gives the caller the channel in place of its
 /// descriptor. Fails with the errno the caller should see.
 fn mount_for_driver(

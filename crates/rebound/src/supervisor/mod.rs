@@ -143,8 +143,11 @@ struct Run<'a> {
     /// When restarts were started, within the restart window.
     restarts: VecDeque<Instant>,
     events_tx: Option<UnixStream>,
-    /// The cgroup every driver of this run runs in.
+    /// The cgroup the driver runs in.
     cgroup: Option<DriverCgroup>,
+    /// The standby successor's own cgroup, which becomes the driver's when it takes over (the
+    /// two swap): while both run, a process is the standby's if it is in this one.
+    standby_cgroup: Option<DriverCgroup>,
     watch: hoarding::Watch,
     /// What the driver's stderr lines are prefixed with in the log: its mount point, once known.
     log_label: Arc<Mutex<String>>,
@@ -257,6 +260,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         restarts: VecDeque::new(),
         events_tx: Some(events_tx),
         cgroup,
+        standby_cgroup: None,
         watch,
         log_label,
         stderr_loggers: vec![logger],
@@ -269,6 +273,8 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
     };
     if let Some(why) = &run.standby_not_wanted {
         tracing::info!("no standby successor: {why}");
+    } else {
+        run.standby_cgroup = standby::cgroup(config, run.cgroup.as_ref());
     }
 
     loop {
@@ -538,19 +544,7 @@ impl Run<'_> {
                 channel,
                 channel_inode,
                 caller,
-            } => {
-                if let Some(s) = &mut self.served {
-                    tracing::info!(
-                        "new driver (pid {caller}) attached to {}; restoring its state",
-                        s.mountpoint.display()
-                    );
-                    s.channel_inode = channel_inode;
-                    s.proxy
-                        .attach_driver(channel, self.config.request_timeout())
-                        .context("starting the recovery")?;
-                    self.phase = Phase::Recovering(Step::Restoring);
-                }
-            }
+            } => self.attach(channel, channel_inode, caller)?,
             Intercepted::Unmounted => {
                 // The driver is done with the mount; its reader threads must not wait for
                 // requests that will never come.
@@ -567,6 +561,23 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// A new driver (pid `caller` holds its end) has its channel to the mount: its state is
+    /// restored through it.
+    fn attach(&mut self, channel: OwnedFd, channel_inode: u64, caller: u32) -> anyhow::Result<()> {
+        if let Some(s) = &mut self.served {
+            tracing::info!(
+                "new driver (pid {caller}) attached to {}; restoring its state",
+                s.mountpoint.display()
+            );
+            s.channel_inode = channel_inode;
+            s.proxy
+                .attach_driver(channel, self.config.request_timeout())
+                .context("starting the recovery")?;
+            self.phase = Phase::Recovering(Step::Restoring);
+        }
+        Ok(())
+    }
+
     fn on_stop_signal(&mut self) {
         match &mut self.phase {
             Phase::Stopping { killed, .. } => {
@@ -577,7 +588,7 @@ impl Run<'_> {
                     if let Some(s) = &self.served {
                         s.proxy.fail_requests();
                     }
-                    process::signal_all(Signal::KILL, None);
+                    process::signal_all(Signal::KILL, &[]);
                     *killed = true;
                 }
             }
@@ -757,7 +768,7 @@ impl Run<'_> {
         if let Some(s) = &self.served {
             s.proxy.fail_requests_of_driver();
         }
-        process::signal_all(Signal::KILL, self.standby_pid());
+        process::signal_all(Signal::KILL, &self.standby_processes());
         self.phase = Phase::Recovering(Step::Reaping {
             deadline: Instant::now() + Duration::from_secs(10),
         });
@@ -768,7 +779,9 @@ impl Run<'_> {
         for (pid, exit) in process::reap_all() {
             tracing::debug!("pid {pid} ended with {exit}");
             if Some(pid) == self.standby_pid() {
-                self.drop_standby(&format!("it ended ({exit})"), true);
+                if !self.standby_daemonized(exit) {
+                    self.drop_standby(&format!("it ended ({exit})"), true);
+                }
                 continue;
             }
             if pid != self.driver_pid {
@@ -835,13 +848,14 @@ impl Run<'_> {
         if !process::has_children() {
             return true;
         }
-        let Some(standby) = self.standby_pid() else {
+        if self.standby.is_none() {
             return false;
-        };
+        }
         if matches!(self.phase, Phase::Serving) && !child_exited {
             return false;
         }
-        process::children().iter().all(|&pid| pid == standby)
+        let standby = self.standby_processes();
+        process::children().iter().all(|pid| standby.contains(pid))
     }
 
     /// When no driver process is left: what that means in each phase. Returns the exit code
@@ -1033,7 +1047,7 @@ impl Run<'_> {
             Phase::Recovering(Step::Reaping { deadline }) if now < *deadline => {
                 // A driver that forks as fast as it can may have made new processes since
                 // the last signal.
-                process::signal_all(Signal::KILL, self.standby_pid());
+                process::signal_all(Signal::KILL, &self.standby_processes());
             }
             Phase::Recovering(Step::Reaping { deadline }) if now >= *deadline => {
                 tracing::warn!("processes of the failed driver do not exit; restarting anyway");
@@ -1115,7 +1129,7 @@ impl Run<'_> {
                 if let Some(s) = &self.served {
                     s.proxy.fail_requests();
                 }
-                process::signal_all(Signal::KILL, None);
+                process::signal_all(Signal::KILL, &[]);
                 *killed = true;
                 *deadline = now + self.config.stop_timeout();
             }
@@ -1235,7 +1249,7 @@ impl Run<'_> {
         for logger in self.stderr_loggers.drain(..) {
             let _ = logger.join();
         }
-        if let Some(cgroup) = &self.cgroup {
+        for cgroup in [&self.cgroup, &self.standby_cgroup].into_iter().flatten() {
             cgroup.remove();
         }
     }
@@ -1284,7 +1298,7 @@ impl Run<'_> {
         self.board.update(|s| s.state = "stopping".into());
         self.drop_standby("the run is stopping", false);
         if signal {
-            process::signal_all(Signal::TERM, None);
+            process::signal_all(Signal::TERM, &[]);
         }
         Phase::Stopping {
             deadline: Instant::now() + self.config.stop_timeout(),

@@ -89,25 +89,25 @@ pub fn children() -> Vec<i32> {
 
 /// Every live descendant of this process, parents before children.
 pub fn descendants() -> Vec<i32> {
-    descendants_except(None)
+    descendants_except(&[])
 }
 
-/// Every live descendant of this process but `spare` and its own descendants, parents before
-/// children.
-pub fn descendants_except(spare: Option<i32>) -> Vec<i32> {
+/// Every live descendant of this process but those in `spare` and their own descendants,
+/// parents before children.
+pub fn descendants_except(spare: &[i32]) -> Vec<i32> {
     below(std::process::id() as i32, spare)
 }
 
 /// `root` and its live descendants (a standby's process tree).
 pub fn tree_of(root: i32) -> Vec<i32> {
-    let mut out = below(root, None);
+    let mut out = below(root, &[]);
     out.insert(0, root);
     out
 }
 
-/// The live descendants of `root` but `spare` and its own, parents before children, from one
-/// walk of `/proc`.
-fn below(root: i32, spare: Option<i32>) -> Vec<i32> {
+/// The live descendants of `root` but those in `spare` and their own, parents before children,
+/// from one walk of `/proc`.
+fn below(root: i32, spare: &[i32]) -> Vec<i32> {
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -128,7 +128,7 @@ fn below(root: i32, spare: Option<i32>) -> Vec<i32> {
     let mut queue = vec![root];
     while let Some(pid) = queue.pop() {
         if let Some(kids) = children.get(&pid) {
-            let kids = kids.iter().copied().filter(|&k| Some(k) != spare);
+            let kids = kids.iter().copied().filter(|k| !spare.contains(k));
             out.extend(kids.clone());
             queue.extend(kids);
         }
@@ -213,8 +213,8 @@ pub fn thread_group_of(tid: i32) -> Option<i32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Sends `signal` to every live descendant but `spare` and its descendants.
-pub fn signal_all(signal: Signal, spare: Option<i32>) {
+/// Sends `signal` to every live descendant but those in `spare` and their descendants.
+pub fn signal_all(signal: Signal, spare: &[i32]) {
     for pid in descendants_except(spare) {
         if let Some(pid) = Pid::from_raw(pid) {
             let _ = rustix::process::kill_process(pid, signal);

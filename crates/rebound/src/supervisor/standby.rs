@@ -1,15 +1,20 @@
 //! A standby successor (MINIX 3's reincarnation server keeps what a restart needs ready; ODFT
 //! restores an initialised driver): a second driver process, started while the first one
-//! serves, in the sandbox and cgroup a restart would give it, that runs until its FUSE
-//! `mount(2)` and is held there, unanswered. A recovery answers that call with a channel to
-//! the kernel's mount, and the successor serves at once: its process start, libraries, cgroup
-//! migration and its own set-up (an SSH session, a source directory opened) were paid before
-//! the failure.
+//! serves, in the sandbox a restart would give it. Its FUSE `mount(2)` is answered at once
+//! with a channel of its own that stays silent until a failure: the standby goes on with what
+//! drivers do after mounting (sshfs opens its SSH session only then, libfuse daemonizes) and
+//! waits for its INIT. A recovery hands that channel to the proxy, and the successor serves at
+//! once: its process start, libraries, cgroup and its own set-up were paid before the failure.
 //!
-//! Owns: whether a standby can be correct for a driver, the standby's calls until it is held,
-//! its death before use and the pace of replacing it. Must not: start it (the supervisor's
-//! `start_driver` does, as for a restart) or answer its held mount (`intercept` does, at the
-//! hand-over, as for any restarted driver).
+//! The standby runs in a cgroup of its own, which becomes the driver's at the hand-over (the
+//! two swap): that is how its processes are told from the driver's once it has daemonized.
+//! Without that cgroup, its mount is held unanswered instead, and what drivers do after
+//! mounting is left for the hand-over.
+//!
+//! Owns: whether a standby can be correct for a driver, the standby's calls until it waits
+//! for its INIT, which processes are its, its death before use and the pace of replacing it.
+//! Must not: start it (the supervisor's `start_driver` does, as for a restart) or restore it
+//! (the proxy does, as for any restarted driver).
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, OwnedFd};
@@ -26,6 +31,7 @@ use crate::cgroup::DriverCgroup;
 use crate::config::{Config, Profile, StandbyPolicy};
 use crate::sandbox::MountPoint;
 use crate::supervisor::intercept;
+use crate::supervisor::process::Exit;
 
 /// Drivers that read their writable store into memory when they start (an image's bitmaps,
 /// inode tables, an archive's index): a successor started before a failure would serve a
@@ -76,25 +82,67 @@ pub fn not_wanted(config: &Config, argv: &[OsString]) -> Option<String> {
         .then(|| format!("{program} reads its writable store at start"))
 }
 
+/// The standby's own cgroup, beside the driver's `driver` and with the same limits; `None`
+/// when the driver has none or it cannot be made (the standby then shares the driver's, and
+/// its mount is held unanswered).
+pub fn cgroup(config: &Config, driver: Option<&DriverCgroup>) -> Option<DriverCgroup> {
+    driver?;
+    // Not named for its role: the run's two cgroups swap roles at each takeover.
+    let name = format!("{}-2", std::process::id());
+    match DriverCgroup::create(&name, &config.limits) {
+        Ok(cgroup) => cgroup,
+        Err(e) => {
+            tracing::warn!(
+                "cannot create the standby's cgroup ({e}): its mount waits unanswered, and \
+                 its set-up after mounting is left for the hand-over"
+            );
+            None
+        }
+    }
+}
+
 /// A standby driver, from its start until it takes over or dies.
 pub struct Standby {
-    /// The process rebound started (the leader of its session).
+    /// The process rebound started (the leader of its session), then the daemon it became.
     pub pid: i32,
     /// Its seccomp listener, polled beside the serving driver's.
     pub listener: OwnedFd,
     pub logger: JoinHandle<()>,
     /// What its stderr lines are prefixed with: "MOUNTPOINT (standby)" until it takes over.
     pub label: Arc<Mutex<String>>,
-    /// Its FUSE `mount(2)`, held unanswered until the hand-over.
-    pub held: Option<Notification>,
+    pub mount: StandbyMount,
     pub started: Instant,
 }
 
+/// Where a standby's FUSE `mount(2)` of the mount point stands.
+pub enum StandbyMount {
+    /// It has not called it yet.
+    Pending,
+    /// Held unanswered until the hand-over (without a cgroup of its own: see the module doc).
+    Held(Notification),
+    /// Answered with a channel that stays silent until the hand-over.
+    Attached {
+        /// rebound's end.
+        channel: OwnedFd,
+        /// The inode of the standby's end.
+        channel_inode: u64,
+        /// The process that called `mount(2)`.
+        caller: u32,
+    },
+}
+
 impl Standby {
-    /// One intercepted call of the standby. Its FUSE mount of `mountpoint` is held; any other
-    /// FUSE mount is refused (`EBUSY`: the run serves one mount); the rest is handled as for
-    /// a serving driver. `is_driver` as for [`intercept::handle`].
-    pub fn on_call(&mut self, mountpoint: &Path, sandboxed: bool, is_driver: impl Fn(i32) -> bool) {
+    /// One intercepted call of the standby. Its FUSE mount of `mountpoint` is answered with
+    /// a silent channel (`attach`) or held; any other FUSE mount is refused (`EBUSY`: the run
+    /// serves one mount); the rest is handled as for a serving driver. `is_driver` as for
+    /// [`intercept::handle`].
+    pub fn on_call(
+        &mut self,
+        mountpoint: &Path,
+        attach: bool,
+        sandboxed: bool,
+        is_driver: impl Fn(i32) -> bool,
+    ) {
         let Ok(notif) = seccomp::receive(self.listener.as_fd()) else {
             return;
         };
@@ -106,7 +154,21 @@ impl Standby {
                         self.pid,
                         self.started.elapsed().as_secs_f64() * 1e3
                     );
-                    self.held = Some(notif);
+                    if !attach {
+                        self.mount = StandbyMount::Held(notif);
+                        return;
+                    }
+                    match intercept::attach_standby(self.listener.as_fd(), &notif) {
+                        Ok(Some((channel, channel_inode))) => {
+                            self.mount = StandbyMount::Attached {
+                                channel,
+                                channel_inode,
+                                caller: notif.pid,
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(e) => tracing::debug!("answering the standby's mount: {e}"),
+                    }
                     return;
                 }
                 Some(target) => {
@@ -125,16 +187,63 @@ impl Standby {
         intercept::handle(self.listener.as_fd(), &notif, None, sandboxed, is_driver);
     }
 
-    /// Whether its held mount can still be answered (the caller still waits in it).
+    /// Whether it reached its mount.
+    fn mounted(&self) -> bool {
+        !matches!(self.mount, StandbyMount::Pending)
+    }
+
+    /// Whether it can take over: its held mount can still be answered (the caller still
+    /// waits in it), or a process of it still holds its channel.
     pub fn ready(&self) -> bool {
-        self.held
-            .is_some_and(|n| seccomp::id_valid(self.listener.as_fd(), n.id))
+        match &self.mount {
+            StandbyMount::Pending => false,
+            StandbyMount::Held(n) => seccomp::id_valid(self.listener.as_fd(), n.id),
+            StandbyMount::Attached { channel, .. } => {
+                // A datagram socket whose peer is closed reads end-of-file at once.
+                let mut byte = [0u8; 1];
+                let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+                !matches!(rustix::net::recv(channel, &mut byte, flags), Ok((0, _)))
+            }
+        }
     }
 }
 
 impl Run<'_> {
     pub(super) fn standby_pid(&self) -> Option<i32> {
         self.standby.as_ref().map(|s| s.pid)
+    }
+
+    /// The standby's processes: those in its cgroup, or without one, its process tree.
+    pub(super) fn standby_processes(&self) -> Vec<i32> {
+        match (&self.standby, &self.standby_cgroup) {
+            (None, _) => Vec::new(),
+            (Some(_), Some(cgroup)) => cgroup.processes(),
+            (Some(s), None) => process::tree_of(s.pid),
+        }
+    }
+
+    /// The standby's first process ended with `exit`: whether that was it daemonizing (its
+    /// mount answered, it exited 0, and its daemon holds its channel), which it survives.
+    pub(super) fn standby_daemonized(&mut self, exit: Exit) -> bool {
+        let Some(standby) = &mut self.standby else {
+            return false;
+        };
+        let StandbyMount::Attached { channel_inode, .. } = standby.mount else {
+            return false;
+        };
+        if exit != Exit::Code(0) || self.standby_cgroup.is_none() {
+            return false;
+        }
+        let theirs = self.standby_cgroup.as_ref().map(DriverCgroup::processes);
+        let Some(daemon) = process::holder_of_socket(channel_inode)
+            .filter(|pid| theirs.as_ref().is_some_and(|t| t.contains(pid)))
+        else {
+            return false;
+        };
+        tracing::debug!("standby driver daemonized; pid {daemon} waits for its INIT");
+        standby.pid = daemon;
+        self.board.update(|b| b.standby_pid = Some(daemon));
+        true
     }
 
     /// While the driver serves: starts a standby successor if the run keeps one, none is
@@ -161,7 +270,7 @@ impl Run<'_> {
             self.argv,
             &self.program,
             view,
-            self.cgroup.as_ref(),
+            self.standby_cgroup.as_ref().or(self.cgroup.as_ref()),
             label.clone(),
         );
         match started {
@@ -172,7 +281,7 @@ impl Run<'_> {
                     listener,
                     logger,
                     label,
-                    held: None,
+                    mount: StandbyMount::Pending,
                     started: now,
                 });
             }
@@ -188,17 +297,18 @@ impl Run<'_> {
             return;
         };
         let sandboxed = self.config.sandbox.profile != Profile::Off;
-        let cgroup = self.cgroup.as_ref();
+        let attach = self.standby_cgroup.is_some();
+        let cgroup = self.standby_cgroup.as_ref().or(self.cgroup.as_ref());
         let Some(standby) = &mut self.standby else {
             return;
         };
-        let was_held = standby.held.is_some();
-        standby.on_call(&mountpoint, sandboxed, |tgid| {
+        let was_mounted = standby.mounted();
+        standby.on_call(&mountpoint, attach, sandboxed, |tgid| {
             cgroup
                 .map_or_else(process::descendants, DriverCgroup::processes)
                 .contains(&tgid)
         });
-        if !was_held && standby.held.is_some() {
+        if !was_mounted && standby.mounted() {
             let pid = standby.pid;
             self.standby_pace.succeeded();
             self.board.update(|b| b.standby_pid = Some(pid));
@@ -208,10 +318,11 @@ impl Run<'_> {
     /// Ends the standby: it died or its processes ended (`died`: the next one waits, see
     /// [`StandbyPace`]), or the run stops.
     pub(super) fn drop_standby(&mut self, why: &str, died: bool) {
+        let processes = self.standby_processes();
         let Some(standby) = self.standby.take() else {
             return;
         };
-        for pid in process::tree_of(standby.pid) {
+        for pid in processes {
             if let Some(pid) = rustix::process::Pid::from_raw(pid) {
                 let _ = rustix::process::kill_process(pid, Signal::KILL);
             }
@@ -230,11 +341,13 @@ impl Run<'_> {
         }
     }
 
-    /// At a restart: the standby, if there is one, becomes the driver, and its held mount is
-    /// answered with a channel to the kernel's mount. Returns whether it did.
+    /// At a restart: the standby, if there is one, becomes the driver (and its cgroup the
+    /// driver's), and is given the mount: its channel is handed to the proxy, or its held
+    /// mount answered with one. Returns whether it did.
     pub(super) fn promote_standby(&mut self, now: Instant) -> anyhow::Result<bool> {
-        let Some(standby) = self.standby.take_if(|s| s.held.is_none() || s.ready()) else {
-            self.drop_standby("its mount(2) was abandoned", true);
+        // One still on its way to its mount will get there sooner than a new driver would.
+        let Some(standby) = self.standby.take_if(|s| !s.mounted() || s.ready()) else {
+            self.drop_standby("it left its mount", true);
             return Ok(false);
         };
         let waited_ms = standby.started.elapsed().as_secs_f64() * 1e3;
@@ -242,6 +355,9 @@ impl Run<'_> {
             "standby driver (pid {}, started {waited_ms:.0} ms ago) takes over",
             standby.pid
         );
+        if self.standby_cgroup.is_some() {
+            std::mem::swap(&mut self.cgroup, &mut self.standby_cgroup);
+        }
         self.watch.driver_started(self.cgroup.as_ref());
         let label = self
             .log_label
@@ -265,8 +381,14 @@ impl Run<'_> {
         if let Some(s) = &self.served {
             s.proxy.shadow_requests_of_own_processes();
         }
-        if let Some(held) = standby.held {
-            self.on_intercepted(&held)?;
+        match standby.mount {
+            StandbyMount::Held(held) => self.on_intercepted(&held)?,
+            StandbyMount::Attached {
+                channel,
+                channel_inode,
+                caller,
+            } => self.attach(channel, channel_inode, caller)?,
+            StandbyMount::Pending => {}
         }
         Ok(true)
     }
