@@ -19,7 +19,8 @@ import pytest
 
 import mounts
 from chaos import mount_status, serving
-from test_recovery import explain, toml, wait_serving
+import workloads
+from test_recovery import DRIVER_CONFIG, explain, toml, wait_serving
 
 pytestmark = [pytest.mark.recovery, pytest.mark.rebound,
               pytest.mark.usefixtures("many_open_files")]
@@ -94,14 +95,31 @@ def test_a_standby_dying_unused_is_replaced_and_no_failure(mount):
         assert "the standby driver" in m.output() and "ended before it was needed" in m.output()
 
 
-def test_fuse2fs_gets_no_standby(mount):
-    with mount("fuse2fs", "rebound") as m:
+@pytest.mark.parametrize("config", ["default", "image"])
+def test_fuse2fs_gets_a_standby_held_before_exec(mount, config):
+    """fuse2fs reads its image at start, so its standby must not run before the failure (nor
+    before the rollback to the image's checkpoint): it waits, confined and in its cgroup,
+    before exec, and takes over from there."""
+    image = config == "image"
+    options = toml(restart_backoff_ms=0) + (DRIVER_CONFIG["fuse2fs"] if image else "")
+    with mount("fuse2fs", "rebound", config=options, reflink=image) as m:
         (m.mnt / "f").write_text("x")
-        status = wait_serving(m)
-        assert "no standby successor: fuse2fs reads its writable store at start" in m.output(), \
-            explain(m, status)
-        assert status["standby_pid"] is None, explain(m, status)
-        assert mount_status(m.mnt)["standby_takeovers"] == 0
+        before = wait_serving(m, standby_ready)
+        why = ("the image is rolled back after a failure" if image
+               else "fuse2fs reads its writable store at start")
+        assert f"the standby successor is held before exec: {why}" in m.output(), \
+            explain(m, before)
+        # Held before exec: still rebound's own program, with no image open.
+        held = before["standby_pid"]
+        rebound_exe = os.readlink(f"/proc/{before['rebound_pid']}/exe")
+        assert os.readlink(f"/proc/{held}/exe") == rebound_exe, \
+            explain(m, "the standby ran before the failure")
+        os.kill(before["driver_pid"], signal.SIGKILL)
+        after = wait_serving(m, lambda s: serving(s) and s["restarts"] == 1)
+        assert after["standby_takeovers"] == 1, explain(m, after)
+        assert (m.mnt / "f").read_text() == "x"
+        (m.mnt / "g").write_text("y")
+        assert workloads.read_uncached(m.mnt / "g") == b"y"
 
 
 @pytest.mark.parametrize("standby", ["auto", "off"])

@@ -9,9 +9,10 @@
 //! on the `Command`; the driver always leads a session of its own).
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
+use std::thread::JoinHandle;
 
 use rustix::net::{
     recvmsg, sendmsg, socketpair, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage,
@@ -29,6 +30,60 @@ pub fn spawn_intercepted(
     sandbox: &Sandbox,
     denied: &[u32],
 ) -> io::Result<(Child, OwnedFd)> {
+    let ours = prepare(command, sandbox, denied, None)?;
+    let child = command.spawn()?;
+    let (_, listener) = receive_fd(ours.as_fd())?;
+    Ok((child, listener))
+}
+
+/// A child started by [`spawn_gated`], waiting before `exec`.
+pub struct Gated {
+    pub pid: i32,
+    /// The filter's notification listener.
+    pub listener: OwnedFd,
+    /// One byte written here lets it `exec`; closing it ends it.
+    pub gate: OwnedFd,
+    /// Runs `exec` (`Command::spawn` returns only after it), then `then`.
+    pub thread: JoinHandle<()>,
+}
+
+/// Like [`spawn_intercepted`], but the child waits, confined and filtered, before `exec` until
+/// a byte arrives on its gate: everything of a start but the program's own is paid in
+/// advance. `then` gets the child once it has exec'd (or the error), on a thread of its own.
+pub fn spawn_gated(
+    mut command: Command,
+    sandbox: &Sandbox,
+    denied: &[u32],
+    then: impl FnOnce(io::Result<Child>) + Send + 'static,
+) -> io::Result<Gated> {
+    let (gate_rx, gate) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    let gate_fds = (gate_rx.as_raw_fd(), gate.as_raw_fd());
+    let ours = prepare(&mut command, sandbox, denied, Some(gate_fds))?;
+    let thread = std::thread::Builder::new()
+        .name("driver-exec".into())
+        .spawn(move || {
+            let spawned = command.spawn();
+            drop(gate_rx);
+            then(spawned);
+        })?;
+    let (pid, listener) = receive_fd(ours.as_fd())?;
+    Ok(Gated {
+        pid,
+        listener,
+        gate,
+        thread,
+    })
+}
+
+/// Sets up the child's side of a spawn: its session, sandbox and filter, the listener sent
+/// back on the socket returned, and with `gate` (a pipe's read and write ends), the wait for a
+/// byte on it.
+fn prepare(
+    command: &mut Command,
+    sandbox: &Sandbox,
+    denied: &[u32],
+    gate: Option<(RawFd, RawFd)>,
+) -> io::Result<OwnedFd> {
     // Both are prepared here: the child allocates nothing.
     let mut filter = seccomp::Filter::new(denied)?;
     let sandbox = sandbox.clone();
@@ -38,11 +93,14 @@ pub fn spawn_intercepted(
         SocketFlags::CLOEXEC,
         None,
     )?;
-    let theirs_raw = theirs.as_raw_fd();
+    // The child's copy stays open until exec (CLOEXEC); the parent's closes with `theirs`
+    // once spawned, or here when the closure that holds it is dropped with the command.
+    let theirs = std::sync::Arc::new(theirs);
     // SAFETY: the closure runs in the forked child before exec and only makes system calls
-    // (those of the sandbox, seccomp, sendmsg on stack buffers, close); it allocates nothing
-    // and takes no locks, so it is async-signal-safe. The child has a single thread, as
-    // `unshare` needs. `theirs_raw` stays open in the child: it is closed by CLOEXEC at exec.
+    // (those of the sandbox, seccomp, getpid, sendmsg and read on stack buffers, close); it
+    // allocates nothing and takes no locks, so it is async-signal-safe. The child has a single
+    // thread, as `unshare` needs. `gate` stays open in the child: it is closed by CLOEXEC at
+    // exec, and in the parent only after `spawn` returned.
     unsafe {
         command.pre_exec(move || {
             // A session of its own: kill(0) reaches only the driver's processes, and it
@@ -55,40 +113,50 @@ pub fn spawn_intercepted(
             // it would report the sandbox's own mounts.
             sandbox.apply()?;
             let listener = filter.install()?;
-            // SAFETY: `theirs_raw` is open in the child until exec (see above).
-            let channel = BorrowedFd::borrow_raw(theirs_raw);
-            send_fd(channel, listener.as_fd())?;
+            send_fd(theirs.as_fd(), listener.as_fd())?;
             drop(listener);
+            if let Some((gate, writer)) = gate {
+                // Its copy of the write end would keep the gate from ever reading closed.
+                // SAFETY: `writer` is the child's own copy, used nowhere else in it.
+                libc::close(writer);
+                let mut byte = [0u8; 1];
+                // SAFETY: `gate` is open in the child until exec (see above).
+                let gate = BorrowedFd::borrow_raw(gate);
+                if rustix::io::read(gate, &mut byte)? == 0 {
+                    // The gate was closed: rebound no longer wants this start.
+                    return Err(io::Error::from(io::ErrorKind::Interrupted));
+                }
+            }
             Ok(())
         });
     }
-    let child = command.spawn()?;
-    drop(theirs);
-    let listener = receive_fd(ours.as_fd())?;
-    Ok((child, listener))
+    Ok(ours)
 }
 
+/// Sends `fd` with this process's pid (the child's, which rebound needs before `exec`).
 fn send_fd(channel: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<()> {
     let fds = [fd];
+    let pid = rustix::process::getpid().as_raw_nonzero().get().to_ne_bytes();
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     control.push(SendAncillaryMessage::ScmRights(&fds));
     sendmsg(
         channel,
-        &[io::IoSlice::new(b"L")],
+        &[io::IoSlice::new(&pid)],
         &mut control,
         SendFlags::empty(),
     )?;
     Ok(())
 }
 
-fn receive_fd(channel: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+/// The child's pid and the descriptor it sent.
+fn receive_fd(channel: BorrowedFd<'_>) -> io::Result<(i32, OwnedFd)> {
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
-    let mut byte = [0u8; 1];
+    let mut pid = [0u8; 4];
     let msg = recvmsg(
         channel,
-        &mut [io::IoSliceMut::new(&mut byte)],
+        &mut [io::IoSliceMut::new(&mut pid)],
         &mut control,
         RecvFlags::CMSG_CLOEXEC,
     )?;
@@ -101,7 +169,7 @@ fn receive_fd(channel: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     for message in control.drain() {
         if let RecvAncillaryMessage::ScmRights(mut fds) = message {
             if let Some(fd) = fds.next() {
-                return Ok(fd);
+                return Ok((i32::from_ne_bytes(pid), fd));
             }
         }
     }

@@ -159,8 +159,8 @@ struct Run<'a> {
     /// The successor kept ready while the driver serves, and when the next may start.
     standby: Option<standby::Standby>,
     standby_pace: standby::StandbyPace,
-    /// Why this run keeps no standby, if it keeps none.
-    standby_not_wanted: Option<String>,
+    /// The kind of standby this run keeps, or why it keeps none.
+    standby_kind: Result<standby::StandbyKind, String>,
     /// The driver's image and its last checkpoint, if `image` is set.
     image: Option<Arc<ImageCheckpoint>>,
 }
@@ -215,8 +215,15 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         MountPoint::Unknown,
         cgroup.as_ref(),
         log_label.clone(),
+        false,
     );
-    let (pid, listener, logger, hidden) = match started {
+    let Started {
+        pid,
+        listener,
+        logger,
+        hidden,
+        ..
+    } = match started {
         Ok(started) => started,
         Err(e) => {
             if let Some(cgroup) = &cgroup {
@@ -268,13 +275,17 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         hidden,
         standby: None,
         standby_pace: standby::StandbyPace::new(),
-        standby_not_wanted: standby::not_wanted(config, argv),
+        standby_kind: standby::kind(config, argv),
         image,
     };
-    if let Some(why) = &run.standby_not_wanted {
-        tracing::info!("no standby successor: {why}");
-    } else {
-        run.standby_cgroup = standby::cgroup(config, run.cgroup.as_ref());
+    match &run.standby_kind {
+        Err(why) => tracing::info!("no standby successor: {why}"),
+        Ok(kind) => {
+            if let standby::StandbyKind::BeforeExec(why) = kind {
+                tracing::info!("the standby successor is held before exec: {why}");
+            }
+            run.standby_cgroup = standby::cgroup(config, run.cgroup.as_ref());
+        }
     }
 
     loop {
@@ -391,7 +402,8 @@ fn start_driver(
     mountpoint: MountPoint<'_>,
     cgroup: Option<&DriverCgroup>,
     log_label: Arc<Mutex<String>>,
-) -> anyhow::Result<(i32, OwnedFd, JoinHandle<()>, Vec<crate::sandbox::Hidden>)> {
+    gated: bool,
+) -> anyhow::Result<Started> {
     let (program, args) = argv.split_first().context("no driver command given")?;
     let mut command = Command::new(program);
     command.args(args).stderr(std::process::Stdio::piped());
@@ -412,15 +424,54 @@ fn start_driver(
             tracing::debug!("{hidden}");
         }
     }
+    let cannot = || format!("cannot start driver `{}`", program.to_string_lossy());
+    if gated {
+        let exec = move |child: std::io::Result<std::process::Child>| match child {
+            Ok(mut child) => {
+                if let Some(stderr) = child.stderr.take() {
+                    log_lines(stderr, &log_label);
+                }
+            }
+            Err(e) => tracing::debug!("a driver held before exec did not start: {e}"),
+        };
+        let gated = spawn::spawn_gated(command, &prepared.sandbox, &prepared.denied, exec)
+            .with_context(cannot)?;
+        return Ok(Started {
+            pid: gated.pid,
+            listener: gated.listener,
+            logger: gated.thread,
+            hidden: prepared.hidden,
+            gate: Some(gated.gate),
+        });
+    }
     let (mut child, listener) =
         spawn::spawn_intercepted(&mut command, &prepared.sandbox, &prepared.denied)
-            .with_context(|| format!("cannot start driver `{}`", program.to_string_lossy()))?;
+            .with_context(cannot)?;
     let stderr = child.stderr.take().context("the driver's stderr")?;
     let logger = std::thread::Builder::new()
         .name("driver-stderr".into())
         .spawn(move || log_lines(stderr, &log_label))
         .context("starting the driver's stderr logger")?;
-    Ok((child.id() as i32, listener, logger, prepared.hidden))
+    Ok(Started {
+        pid: child.id() as i32,
+        listener,
+        logger,
+        hidden: prepared.hidden,
+        gate: None,
+    })
+}
+
+/// A driver process rebound started.
+struct Started {
+    pid: i32,
+    /// Its seccomp listener.
+    listener: OwnedFd,
+    /// Logs its stderr.
+    logger: JoinHandle<()>,
+    /// What its sandbox hides of what it was given.
+    hidden: Vec<crate::sandbox::Hidden>,
+    /// Started `gated`: it waits before `exec` until a byte is written here.
+    gate: Option<OwnedFd>,
 }
 
 /// Logs each line the driver writes to its stderr, prefixed with `label`, until no process
@@ -1057,9 +1108,6 @@ impl Run<'_> {
             Phase::Recovering(Step::Backoff { until }) if now >= *until => {
                 self.restarts.push_back(now);
                 self.recovery_phase_done("backoff");
-                if self.promote_standby(now)? {
-                    return Ok(());
-                }
                 if let Some(image) = &self.image {
                     match image.roll_back() {
                         Ok(took) => tracing::info!(
@@ -1074,6 +1122,10 @@ impl Run<'_> {
                     self.run_pre_restart();
                     self.recovery_phase_done("pre_restart");
                 }
+                // After the store is repaired: a standby held before exec has not opened it.
+                if self.promote_standby(now)? {
+                    return Ok(());
+                }
                 // A driver that mounts through fusermount checks its mount by using it (go-fuse
                 // opens a file in it), so it must see it; one that mounts by itself restarts
                 // where the mount point is not mounted (see `start_driver`).
@@ -1087,13 +1139,19 @@ impl Run<'_> {
                     None => MountPoint::Unknown,
                 };
                 self.watch.driver_started(self.cgroup.as_ref());
-                let (pid, listener, logger, _) = start_driver(
+                let Started {
+                    pid,
+                    listener,
+                    logger,
+                    ..
+                } = start_driver(
                     self.config,
                     self.argv,
                     &self.program,
                     view,
                     self.cgroup.as_ref(),
                     self.log_label.clone(),
+                    false,
                 )?;
                 self.stderr_loggers.push(logger);
                 tracing::info!("restarted driver `{}` as pid {pid}", self.driver_name);

@@ -52,34 +52,42 @@ const READS_STORE_AT_START: &[&str] = &[
 /// The longest wait before a standby that died unused is replaced.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
 
-/// Why no standby is kept for this run, or `None` when one is.
-pub fn not_wanted(config: &Config, argv: &[OsString]) -> Option<String> {
+/// What kind of standby successor a run keeps.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StandbyKind {
+    /// One that runs until it waits for its INIT (see the module doc).
+    Initialised,
+    /// One held before `exec`, confined, filtered and in its cgroup, with nothing of the
+    /// driver run yet: for a driver that must not open its store before the failure (the
+    /// reason given). Its start pays only for the program itself.
+    BeforeExec(String),
+}
+
+/// The standby this run keeps, or why it keeps none.
+pub fn kind(config: &Config, argv: &[OsString]) -> Result<StandbyKind, String> {
     match config.standby {
-        StandbyPolicy::Off => return Some("standby = \"off\"".into()),
-        StandbyPolicy::On => return None,
+        StandbyPolicy::Off => return Err("standby = \"off\"".into()),
+        StandbyPolicy::On => return Ok(StandbyKind::Initialised),
         StandbyPolicy::Auto => {}
     }
     if config.restart_budget == 0 {
-        return Some("restart_budget = 0".into());
+        return Err("restart_budget = 0".into());
     }
+    let before_exec = |why: String| Ok(StandbyKind::BeforeExec(why));
     if !config.pre_restart.is_empty() {
-        return Some(
-            "pre_restart repairs the store after a failure, under a successor that \
-                     would have opened it before"
-                .into(),
-        );
+        return before_exec("pre_restart repairs the store after a failure".into());
     }
     if config.image.is_some() {
-        return Some(
-            "the image is rolled back after a failure, under a successor that would have \
-             read it before"
-                .into(),
-        );
+        return before_exec("the image is rolled back after a failure".into());
     }
-    let program = Path::new(argv.first()?).file_name()?.to_string_lossy();
-    READS_STORE_AT_START
-        .contains(&program.as_ref())
-        .then(|| format!("{program} reads its writable store at start"))
+    let program = Path::new(argv.first().ok_or("no driver")?)
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if READS_STORE_AT_START.contains(&program.as_str()) {
+        return before_exec(format!("{program} reads its writable store at start"));
+    }
+    Ok(StandbyKind::Initialised)
 }
 
 /// The standby's own cgroup, beside the driver's `driver` and with the same limits; `None`
@@ -111,6 +119,8 @@ pub struct Standby {
     /// What its stderr lines are prefixed with: "MOUNTPOINT (standby)" until it takes over.
     pub label: Arc<Mutex<String>>,
     pub mount: StandbyMount,
+    /// A standby held before `exec`: one byte written here lets it run.
+    pub gate: Option<OwnedFd>,
     pub started: Instant,
 }
 
@@ -249,10 +259,12 @@ impl Run<'_> {
     /// While the driver serves: starts a standby successor if the run keeps one, none is
     /// there, and the pace allows.
     pub(super) fn keep_standby(&mut self, now: Instant) {
-        if self.standby.is_some()
-            || self.standby_not_wanted.is_some()
-            || !self.standby_pace.due(now)
-        {
+        let gated = match &self.standby_kind {
+            Ok(StandbyKind::Initialised) => false,
+            Ok(StandbyKind::BeforeExec(_)) => true,
+            Err(_) => return,
+        };
+        if self.standby.is_some() || !self.standby_pace.due(now) {
             return;
         }
         let Some(s) = &self.served else {
@@ -272,16 +284,26 @@ impl Run<'_> {
             view,
             self.standby_cgroup.as_ref().or(self.cgroup.as_ref()),
             label.clone(),
+            gated,
         );
         match started {
-            Ok((pid, listener, logger, _)) => {
-                tracing::debug!("started a standby driver as pid {pid}");
+            Ok(started) => {
+                let pid = started.pid;
+                if gated {
+                    // Nothing more will come from it until the hand-over.
+                    self.standby_pace.succeeded();
+                    self.board.update(|b| b.standby_pid = Some(pid));
+                    tracing::debug!("started a standby driver as pid {pid}, held before exec");
+                } else {
+                    tracing::debug!("started a standby driver as pid {pid}");
+                }
                 self.standby = Some(Standby {
                     pid,
-                    listener,
-                    logger,
+                    listener: started.listener,
+                    logger: started.logger,
                     label,
                     mount: StandbyMount::Pending,
+                    gate: started.gate,
                     started: now,
                 });
             }
@@ -345,6 +367,12 @@ impl Run<'_> {
     /// driver's), and is given the mount: its channel is handed to the proxy, or its held
     /// mount answered with one. Returns whether it did.
     pub(super) fn promote_standby(&mut self, now: Instant) -> anyhow::Result<bool> {
+        if let Some(gate) = self.standby.as_ref().and_then(|s| s.gate.as_ref()) {
+            if let Err(e) = rustix::io::write(gate, &[1]) {
+                self.drop_standby(&format!("it could not be let run ({e})"), true);
+                return Ok(false);
+            }
+        }
         // One still on its way to its mount will get there sooner than a new driver would.
         let Some(standby) = self.standby.take_if(|s| !s.mounted() || s.ready()) else {
             self.drop_standby("it left its mount", true);
@@ -436,19 +464,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn image_drivers_and_repaired_stores_get_no_standby() {
+    fn image_drivers_and_repaired_stores_get_a_standby_held_before_exec() {
         let argv = |p: &str| vec![OsString::from(p), "x".into()];
+        let before_exec = |k: Result<StandbyKind, String>| matches!(k, Ok(StandbyKind::BeforeExec(_)));
         let mut config = Config::default();
-        assert!(not_wanted(&config, &argv("/usr/bin/sshfs")).is_none());
-        assert!(not_wanted(&config, &argv("/usr/sbin/fuse2fs")).is_some());
+        assert_eq!(kind(&config, &argv("/usr/bin/sshfs")), Ok(StandbyKind::Initialised));
+        assert!(before_exec(kind(&config, &argv("/usr/sbin/fuse2fs"))));
         config.standby = StandbyPolicy::On;
-        assert!(not_wanted(&config, &argv("fuse2fs")).is_none());
+        assert_eq!(kind(&config, &argv("fuse2fs")), Ok(StandbyKind::Initialised));
         config.standby = StandbyPolicy::Auto;
         config.pre_restart = vec!["e2fsck".into()];
-        assert!(not_wanted(&config, &argv("passthrough_ll")).is_some());
+        assert!(before_exec(kind(&config, &argv("passthrough_ll"))));
         config.pre_restart.clear();
+        config.restart_budget = 0;
+        assert!(kind(&config, &argv("passthrough_ll")).is_err());
+        config.restart_budget = 5;
         config.standby = StandbyPolicy::Off;
-        assert!(not_wanted(&config, &argv("passthrough_ll")).is_some());
+        assert!(kind(&config, &argv("passthrough_ll")).is_err());
     }
 
     #[test]
