@@ -55,7 +55,8 @@ def config(driver, m):
     text = ("restart_budget = 1000000\nrestart_window_ms = 60000\n"
             "restart_backoff_ms = 0\nrestart_backoff_max_ms = 0\n")
     if driver == "fuse2fs":
-        text += f'redo_log = true\nimage = "{m.img}"\ncheckpoint_interval_ms = 200\n'
+        text += (f'redo_log = true\nimage = "{m.img}"\ncheckpoint_interval_ms = 200\n'
+                 'checkpoint_changes = 64\n')
     return text
 
 

@@ -102,6 +102,7 @@ if [ "$driver" = fuse2fs ]; then
 redo_log = true
 image = "$image"
 checkpoint_interval_ms = 200
+checkpoint_changes = 64
 EOF
   driver_argv=(fuse2fs "$image" "$mnt" -o fakeroot)
 else

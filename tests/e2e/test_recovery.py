@@ -68,7 +68,8 @@ CHAOS_CONFIG = toml(request_timeout_ms=3000, probe_timeout_ms=1500, restart_budg
 # sshfs acknowledges writes before its server has them (see the test of that below): the redo
 # log gives a restarted sshfs what the killed one had not sent.
 DRIVER_CONFIG = {
-    "fuse2fs": toml(redo_log=True, image="@IMAGE@", checkpoint_interval_ms=200),
+    "fuse2fs": toml(redo_log=True, image="@IMAGE@", checkpoint_interval_ms=200,
+                    checkpoint_changes=64),
     "sshfs": toml(redo_log=True),
 }
 

@@ -46,6 +46,9 @@ pub struct Config {
     pub redo_log: bool,
     /// How often the driver is checkpointed when `redo_log` is on.
     pub checkpoint_interval_ms: u64,
+    /// Also checkpoint as soon as the redo log holds this many changes (0: by interval
+    /// only): bounds what a recovery replays, at the cost of more checkpoints.
+    pub checkpoint_changes: u64,
     /// The file the driver keeps its state in (fuse2fs's image), on a file system that can
     /// clone files (XFS, btrfs). With `redo_log`, each checkpoint also clones it (see
     /// [`crate::checkpoint`]), and a failed driver's successor gets it back as it was then:
@@ -219,6 +222,7 @@ impl Default for Config {
             pre_restart: Vec::new(),
             redo_log: false,
             checkpoint_interval_ms: 1_000,
+            checkpoint_changes: 0,
             image: None,
             second_opinion: true,
             second_opinion_cooldown_ms: 60_000,

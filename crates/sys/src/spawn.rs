@@ -136,7 +136,10 @@ fn prepare(
 /// Sends `fd` with this process's pid (the child's, which rebound needs before `exec`).
 fn send_fd(channel: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<()> {
     let fds = [fd];
-    let pid = rustix::process::getpid().as_raw_nonzero().get().to_ne_bytes();
+    let pid = rustix::process::getpid()
+        .as_raw_nonzero()
+        .get()
+        .to_ne_bytes();
     let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     control.push(SendAncillaryMessage::ScmRights(&fds));

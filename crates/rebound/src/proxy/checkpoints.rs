@@ -1,5 +1,6 @@
-//! Checkpoints (ODFT): every `checkpoint_interval_ms` while the redo log holds changes, and
-//! right after each recovery, the serving driver is made to flush what it keeps in memory (an
+//! Checkpoints (ODFT): every `checkpoint_interval_ms` while the redo log holds changes, as soon
+//! as it holds `checkpoint_changes` (what a recovery replays, and so its time, is bounded by
+//! that, at the cost of more checkpoints under heavy writes), and right after each recovery, the serving driver is made to flush what it keeps in memory (an
 //! FSYNC through a file lately written: fuse2fs then flushes everything), and the redo log
 //! drops the changes that made durable.
 //!
@@ -48,9 +49,25 @@ const DRAIN_LIMIT: Duration = Duration::from_millis(100);
 pub(super) struct CheckpointDue {
     due: Mutex<bool>,
     woken: Condvar,
+    /// The redo log's length that calls for a checkpoint (0: none does).
+    changes: usize,
 }
 
 impl CheckpointDue {
+    pub(super) fn new(changes: usize) -> CheckpointDue {
+        CheckpointDue {
+            changes,
+            ..CheckpointDue::default()
+        }
+    }
+
+    /// The redo log now holds `len` changes.
+    pub(super) fn logged(&self, len: usize) {
+        if self.changes != 0 && len >= self.changes {
+            self.soon();
+        }
+    }
+
     /// A checkpoint should come now (a recovery just replayed the redo log).
     pub(super) fn soon(&self) {
         *self.due.lock().unwrap_or_else(|e| e.into_inner()) = true;

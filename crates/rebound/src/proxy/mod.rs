@@ -209,6 +209,8 @@ pub struct ProxyOptions {
     pub checkpoint_interval: Option<Duration>,
     /// How long a checkpoint may wait for the driver.
     pub checkpoint_timeout: Duration,
+    /// Checkpoint as soon as the redo log holds this many changes (0: by interval only).
+    pub checkpoint_changes: usize,
     /// Clone the driver's image at each checkpoint (see [`crate::checkpoint`]).
     pub image: Option<Arc<ImageCheckpoint>>,
     /// Ask a restarted driver again when an error reply suggests the driver is failing (see
@@ -441,7 +443,7 @@ impl Proxy {
             redo: options
                 .checkpoint_interval
                 .map(|_| Mutex::new(tracker::RedoLog::default())),
-            checkpoint_due: checkpoints::CheckpointDue::default(),
+            checkpoint_due: checkpoints::CheckpointDue::new(options.checkpoint_changes),
             image: options.image.clone().map(checkpoints::ImageGate::new),
             removal_dirs: Mutex::new(Vec::new()),
             second_opinions: options
@@ -1517,6 +1519,7 @@ fn record_mutation(shared: &Shared, request: &Inflight, reply: &[u8]) {
         .stats
         .redo_entries_max
         .fetch_max(redo.len() as u64, Ordering::Relaxed);
+    shared.checkpoint_due.logged(redo.len());
 }
 
 /// Rewrites the node ids of a checked notification to the kernel's. Returns false if it names

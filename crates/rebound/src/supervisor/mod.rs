@@ -571,6 +571,7 @@ impl Run<'_> {
                         .redo_log
                         .then(|| self.config.checkpoint_interval()),
                     checkpoint_timeout: self.config.probe_timeout(),
+                    checkpoint_changes: self.config.checkpoint_changes as usize,
                     image: self.image.clone(),
                     second_opinion_cooldown: self.config.second_opinion_cooldown(),
                 };

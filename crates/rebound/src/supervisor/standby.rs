@@ -466,12 +466,19 @@ mod tests {
     #[test]
     fn image_drivers_and_repaired_stores_get_a_standby_held_before_exec() {
         let argv = |p: &str| vec![OsString::from(p), "x".into()];
-        let before_exec = |k: Result<StandbyKind, String>| matches!(k, Ok(StandbyKind::BeforeExec(_)));
+        let before_exec =
+            |k: Result<StandbyKind, String>| matches!(k, Ok(StandbyKind::BeforeExec(_)));
         let mut config = Config::default();
-        assert_eq!(kind(&config, &argv("/usr/bin/sshfs")), Ok(StandbyKind::Initialised));
+        assert_eq!(
+            kind(&config, &argv("/usr/bin/sshfs")),
+            Ok(StandbyKind::Initialised)
+        );
         assert!(before_exec(kind(&config, &argv("/usr/sbin/fuse2fs"))));
         config.standby = StandbyPolicy::On;
-        assert_eq!(kind(&config, &argv("fuse2fs")), Ok(StandbyKind::Initialised));
+        assert_eq!(
+            kind(&config, &argv("fuse2fs")),
+            Ok(StandbyKind::Initialised)
+        );
         config.standby = StandbyPolicy::Auto;
         config.pre_restart = vec!["e2fsck".into()];
         assert!(before_exec(kind(&config, &argv("passthrough_ll"))));
