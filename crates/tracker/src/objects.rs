@@ -36,6 +36,9 @@ pub fn entry_ino(reply: &[u8], at: usize) -> u64 {
         .map_or(0, |(entry, _)| entry.attr.ino)
 }
 
+/// The generation field of the `fuse_entry_out` at `at` of `reply`, if it is whole.
+const GENERATION_AT: usize = std::mem::offset_of!(EntryOut, generation);
+
 /// The file type bits of a mode, and a directory's.
 const S_IFMT: u32 = 0o170000;
 const S_IFDIR: u32 = 0o040000;
@@ -56,6 +59,11 @@ pub struct Node {
     /// that report the backing store's (fuse2fs, passthrough_ll, go-fuse) keep it across
     /// restarts, so it tells which file a name leads to now.
     pub ino: u64,
+    /// The generation the kernel was given with the node's first entry. The kernel takes an
+    /// entry for a node it holds with another generation as a reused id and fails the inode
+    /// (EIO); a restarted driver may number generations afresh (fuse-overlayfs does), so every
+    /// later entry is given this one.
+    pub generation: u64,
 }
 
 /// A node as the current driver knows it.
@@ -282,7 +290,7 @@ impl ObjectTable {
             PendingChange::None => {}
             PendingChange::Entry { parent, name } => {
                 if let Some(driver) = entry_node(reply).filter(|&d| d != 0) {
-                    let node = self.looked_up(driver, entry_ino(reply, 0), parent, name);
+                    let node = self.looked_up(driver, reply, 0, parent, name);
                     write_u64(reply, 0, node);
                 }
             }
@@ -294,7 +302,7 @@ impl ObjectTable {
                 if let (Some(driver), Some(driver_fh)) =
                     (entry_node(reply), open_handle(reply, true))
                 {
-                    let node = self.looked_up(driver, entry_ino(reply, 0), parent, name);
+                    let node = self.looked_up(driver, reply, 0, parent, name);
                     let fh = self.opened(driver_fh, false, node, flags);
                     write_u64(reply, 0, node);
                     write_u64(reply, reply.len() - size::OPEN_OUT, fh);
@@ -319,7 +327,7 @@ impl ObjectTable {
                     .map(|(at, driver, name)| (at, driver, name.into()))
                     .collect();
                 for (at, driver, name) in entries {
-                    let node = self.looked_up(driver, entry_ino(reply, at), dir, name);
+                    let node = self.looked_up(driver, reply, at, dir, name);
                     write_u64(reply, at, node);
                 }
             }
@@ -692,12 +700,23 @@ impl ObjectTable {
         }
     }
 
-    /// The kernel gains a lookup of the driver's node `driver` as `parent/name`; returns the
+    /// The kernel gains a lookup of the driver's node `driver` as `parent/name`, from the entry
+    /// at `at` of `reply` (whose generation is made the one the kernel knows); returns the
     /// kernel's id for it.
-    fn looked_up(&mut self, driver: u64, ino: u64, parent: u64, name: Box<[u8]>) -> u64 {
+    fn looked_up(
+        &mut self,
+        driver: u64,
+        reply: &mut [u8],
+        at: usize,
+        parent: u64,
+        name: Box<[u8]>,
+    ) -> u64 {
         if driver == ROOT_ID {
             return ROOT_ID;
         }
+        let ino = entry_ino(reply, at);
+        let generation_at = at + GENERATION_AT;
+        let generation = read_u64(reply, generation_at).unwrap_or(0);
         let pending_here = self
             .names
             .get(&(parent, name.clone()))
@@ -727,7 +746,11 @@ impl ObjectTable {
             driver: DriverNode::Known(driver),
             driver_lookups: 0,
             ino: 0,
+            generation,
         });
+        if entry.generation != generation && reply.len() >= generation_at + 8 {
+            write_u64(reply, generation_at, entry.generation);
+        }
         if ino != 0 {
             entry.ino = ino;
         }
@@ -954,6 +977,39 @@ mod tests {
         let mut reply = open_reply(driver_fh);
         table.on_success(pending, &mut reply);
         open_handle(&reply, false).unwrap()
+    }
+
+    #[test]
+    fn the_kernel_sees_a_node_with_the_generation_it_first_got() {
+        let mut t = ObjectTable::new();
+        let with_generation = |node: u64, generation: u64| {
+            let entry = EntryOut {
+                nodeid: node,
+                generation,
+                ..Default::default()
+            };
+            zerocopy::IntoBytes::as_bytes(&entry).to_vec()
+        };
+        let lookup = || {
+            PendingChange::of(Change::Entry {
+                parent: ROOT_ID,
+                name: b"f",
+            })
+        };
+        let generation_of = |reply: &[u8]| EntryOut::read_from_prefix(reply).unwrap().0.generation;
+        let mut first = with_generation(5, 7);
+        t.on_success(lookup(), &mut first);
+        assert_eq!(generation_of(&first), 7);
+        // A restarted driver numbers its generations afresh: the kernel still gets 7.
+        t.begin_generation(1);
+        let mut again = with_generation(9, 1);
+        t.on_success(lookup(), &mut again);
+        assert_eq!((entry_node(&again), generation_of(&again)), (Some(5), 7));
+        // Once the kernel has forgotten the node, a new entry brings its own generation.
+        t.forget(5, 2);
+        let mut fresh = with_generation(9, 3);
+        t.on_success(lookup(), &mut fresh);
+        assert_eq!(generation_of(&fresh), 3);
     }
 
     #[test]

@@ -515,8 +515,9 @@ fn ancestors(path: &Path) -> Vec<&Path> {
 }
 
 /// Every existing path named on the command line, alone or as the value of an option
-/// (`-o source=/srv,IdentityFile=/k`), normalised; never `/`, nor the mount point once it is
-/// known (never looked up: it may wait for this very driver).
+/// (`-o source=/srv,IdentityFile=/k`), or in a list of them (fuse-overlayfs's
+/// `lowerdir=/a:/b`, unionfs's and mergerfs's branches `/a=RW:/b=RO`), normalised; never `/`,
+/// nor the mount point once it is known (never looked up: it may wait for this very driver).
 fn named_paths(
     argv: &[OsString],
     cwd: &Path,
@@ -527,18 +528,30 @@ fn named_paths(
         let bytes = arg.as_bytes();
         candidates.push(bytes);
         for option in bytes.split(|&b| b == b',') {
-            if let Some(eq) = option.iter().position(|&b| b == b'=') {
-                candidates.push(&option[eq + 1..]);
+            let value = match option.iter().position(|&b| b == b'=') {
+                Some(eq) => &option[eq + 1..],
+                None => option,
+            };
+            candidates.push(value);
+            for member in option.split(|&b| b == b':') {
+                candidates.push(member);
+                // A branch's mode after its path (`/a=RW`), or an option's name before it.
+                if let Some(eq) = member.iter().position(|&b| b == b'=') {
+                    candidates.extend([&member[..eq], &member[eq + 1..]]);
+                }
             }
         }
     }
-    let mut out = Vec::new();
+    let mut out: Vec<(PathBuf, Metadata)> = Vec::new();
     for candidate in candidates {
         if candidate.is_empty() || candidate.starts_with(b"-") {
             continue;
         }
         let path = normalize(&cwd.join(Path::new(OsStr::from_bytes(candidate))));
         if path == Path::new("/") || mountpoint.is_some_and(|m| path.starts_with(m)) {
+            continue;
+        }
+        if out.iter().any(|(seen, _)| *seen == path) {
             continue;
         }
         if let Ok(meta) = std::fs::metadata(&path) {
@@ -713,6 +726,28 @@ mod tests {
             vec![dir.clone()]
         );
         assert!(command_line_paths(&argv, Path::new("/"), Some(&dir)).is_empty());
+    }
+
+    #[test]
+    fn paths_in_lists_of_branches_are_found() {
+        let tmp = std::env::temp_dir();
+        let (a, b) = (tmp.join("rebound-branch-a"), tmp.join("rebound-branch-b"));
+        for dir in [&a, &b] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        let (a_, b_) = (a.display(), b.display());
+        for list in [
+            format!("{a_}=RW:{b_}=RO"),
+            format!("{a_}:{b_}"),
+            format!("lowerdir={a_}:{b_}"),
+        ] {
+            let argv: Vec<OsString> = vec!["drv".into(), "-o".into(), list.clone().into()];
+            let found = command_line_paths(&argv, Path::new("/"), None);
+            assert_eq!(found, vec![a.clone(), b.clone()], "{list}");
+        }
+        for dir in [&a, &b] {
+            std::fs::remove_dir(dir).unwrap();
+        }
     }
 
     #[test]

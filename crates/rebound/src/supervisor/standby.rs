@@ -34,9 +34,12 @@ use crate::supervisor::intercept;
 use crate::supervisor::process::Exit;
 
 /// Drivers that read their writable store into memory when they start (an image's bitmaps,
-/// inode tables, an archive's index): a successor started before a failure would serve a
-/// copy of the store as it was then, and write it back over what the serving driver wrote.
+/// inode tables, an archive's index; fuse-overlayfs caches each directory of its layers from
+/// the first look, its root's at start): a successor started before a failure would serve a
+/// copy of the store as it was then (fuse-overlayfs: a file created since is not found), and
+/// write it back over what the serving driver wrote.
 const READS_STORE_AT_START: &[&str] = &[
+    "fuse-overlayfs",
     "fuse2fs",
     "fuse-ext2",
     "ntfs-3g",
