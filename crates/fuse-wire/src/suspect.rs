@@ -72,7 +72,8 @@ pub fn is_suspect_error(opcode: Opcode, errno: i32) -> bool {
         | ECANCELED | ECONNABORTED | ECONNRESET | ENOTCONN | EOWNERDEAD | ENOTRECOVERABLE
         | ESTALE | ENODEV => true,
         // The kernel refuses writes to a read-only mount itself; a driver that says so of a
-        // writable one has lost track.
+        // writable one has lost track. (Whether the store is writable is the proxy's to know:
+        // a driver that is read-only by design answers this to every change.)
         EROFS => true,
         // The end of the data for SEEK_DATA/SEEK_HOLE; otherwise nothing.
         ENXIO => opcode != Lseek,

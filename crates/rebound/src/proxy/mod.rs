@@ -268,6 +268,8 @@ struct Shared {
     lookup_timeout_ms: AtomicU64,
     /// The changes acknowledged since the last checkpoint, if kept.
     redo: Option<Mutex<tracker::RedoLog>>,
+    /// A driver has made a change to its files (the store is writable): an EROFS is suspect.
+    store_changed: AtomicBool,
     checkpoint_due: checkpoints::CheckpointDue,
     /// The image checkpoint, if the driver's image is cloned at each checkpoint.
     image: Option<checkpoints::ImageGate>,
@@ -443,6 +445,7 @@ impl Proxy {
             redo: options
                 .checkpoint_interval
                 .map(|_| Mutex::new(tracker::RedoLog::default())),
+            store_changed: AtomicBool::new(false),
             checkpoint_due: checkpoints::CheckpointDue::new(options.checkpoint_changes),
             image: options.image.clone().map(checkpoints::ImageGate::new),
             removal_dirs: Mutex::new(Vec::new()),
@@ -1595,8 +1598,16 @@ fn suspicion(
 ) -> Option<String> {
     shared.second_opinions.as_ref()?;
     let op = Opcode::from_raw(request.opcode)?;
+    if error == 0 && tracker::redo::is_mutation(op) {
+        shared.store_changed.store(true, Ordering::Relaxed);
+    }
     if error != 0 {
         let errno = error.saturating_neg();
+        // A driver that is read-only by design (squashfuse, on a mount not marked `ro`)
+        // answers EROFS to every change; one that has made changes and says so has lost track.
+        if errno == libc::EROFS && !shared.store_changed.load(Ordering::Relaxed) {
+            return None;
+        }
         return fuse_wire::is_suspect_error(op, errno).then(|| {
             format!(
                 "answered {op:?} request {unique} with \"{}\"",

@@ -192,6 +192,29 @@ impl std::fmt::Display for Hidden {
     }
 }
 
+/// Capabilities known drivers cannot start without, kept on top of `capabilities` (least
+/// authority: each gets what it needs, found by running it): ntfs-3g drops its supplementary
+/// groups at start (`setgroups`), and exits if it cannot.
+const BUILT_IN_CAPABILITIES: &[(&str, &[&str])] = &[
+    ("ntfs-3g", &["CAP_SETGID"]),
+    ("mount.ntfs-3g", &["CAP_SETGID"]),
+    ("lowntfs-3g", &["CAP_SETGID"]),
+    ("mount.lowntfs-3g", &["CAP_SETGID"]),
+];
+
+/// What [`BUILT_IN_CAPABILITIES`] gives the driver `argv` runs.
+pub fn built_in_capabilities(argv: &[OsString]) -> &'static [&'static str] {
+    let program = argv
+        .first()
+        .and_then(|p| Path::new(p).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    BUILT_IN_CAPABILITIES
+        .iter()
+        .find(|(name, _)| *name == program)
+        .map_or(&[], |(_, caps)| caps)
+}
+
 /// The sandbox of one driver start: `program` is what the driver's program is made of
 /// ([`program::find`], found once per run), shown read-only wherever it is.
 pub fn build(
@@ -228,7 +251,9 @@ pub fn build(
         settings
             .capabilities
             .iter()
-            .filter_map(|name| capability(name))
+            .map(String::as_str)
+            .chain(built_in_capabilities(argv).iter().copied())
+            .filter_map(capability)
             .fold(0u64, |bits, cap| bits | 1 << cap),
     );
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
