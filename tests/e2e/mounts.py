@@ -233,6 +233,36 @@ def make_ext4(image, size):
                    timeout=60)
 
 
+def make_ntfs(image, size):
+    with open(image, "wb") as f:
+        f.truncate(size)
+    subprocess.run(["mkntfs", "-q", "-F", "-f", str(image)], check=True, capture_output=True,
+                   timeout=60)
+
+
+def ntfsfix(image):
+    """(ok, output) of ntfs-3g's own read-only check of an NTFS image."""
+    res = subprocess.run(["ntfsfix", "-n", str(image)], capture_output=True, text=True,
+                         timeout=120)
+    return res.returncode == 0, res.stdout + res.stderr
+
+
+# What a read-only image (squashfuse's) holds: a small tree with the kinds of entries the
+# read-only differential test looks at.
+SQUASHFS_TREE = {"a.txt": b"alpha\n", "dir/b.bin": bytes(range(256)) * 64,
+                 "dir/sub/c.txt": b"gamma\n" * 1000, "empty": b""}
+
+
+def make_squashfs(image, tree_dir):
+    for rel, data in SQUASHFS_TREE.items():
+        path = tree_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    os.symlink("a.txt", tree_dir / "link")
+    subprocess.run(["mksquashfs", str(tree_dir), str(image), "-quiet", "-noappend"],
+                   check=True, capture_output=True, timeout=60)
+
+
 # --- sshd for sshfs -------------------------------------------------------------------------
 
 @dataclass
@@ -313,7 +343,8 @@ def start_sshd():
 
 # --- drivers --------------------------------------------------------------------------------
 
-# name: (daemonizes by default, backing store: "dir" or "image")
+# name: (daemonizes by default, backing store: "dir", "image" (ext4), "ntfs", "squashfs",
+# or "cipher" (a directory the driver encrypts into, initialised first))
 DRIVERS = {
     "fuse2fs": (True, "image"),
     "passthrough_ll": (True, "dir"),
@@ -322,7 +353,23 @@ DRIVERS = {
     "passthrough_fh": (True, "dir"),
     "sshfs": (True, "dir"),
     "gofuse": (False, "dir"),
+    # Packaged drivers (Debian 12), unmodified.
+    "bindfs": (True, "dir"),
+    "fuse-overlayfs": (True, "dir"),   # src is the upper layer, over an empty lower one
+    "unionfs": (True, "dir"),          # unionfs-fuse: src read-write over an empty branch
+    "mergerfs": (True, "dir"),         # src and a second, empty branch
+    "gocryptfs": (True, "cipher"),
+    "securefs": (False, "cipher"),
+    "ntfs-3g": (True, "ntfs"),
+    "squashfuse": (True, "squashfs"),  # read-only
 }
+PASSWORD = "rebound-e2e"
+
+
+def image_path(driver, work, reflink=False):
+    """Where a driver's image lives in its work directory."""
+    name = {"ntfs": "ntfs.img", "squashfs": "tree.sqfs"}.get(DRIVERS[driver][1], "disk.img")
+    return work / ("img" if reflink else "") / name
 
 
 def driver_argv(driver, src, img, mnt, sshd=None):
@@ -348,6 +395,23 @@ def driver_argv(driver, src, img, mnt, sshd=None):
                 f"root@127.0.0.1:{src}", str(mnt)]
     if driver == "gofuse":
         return [str(fixture_bin("gofuse-loopback")), str(src), str(mnt)]
+    work = src.parent
+    if driver == "bindfs":
+        return ["bindfs", str(src), str(mnt)]
+    if driver == "fuse-overlayfs":
+        return ["fuse-overlayfs", "-o",
+                f"lowerdir={work / 'lower'},upperdir={src},workdir={work / 'overlay-work'}",
+                str(mnt)]
+    if driver == "unionfs":
+        return ["unionfs", "-o", "cow", f"{src}=RW:{work / 'lower'}=RO", str(mnt)]
+    if driver == "mergerfs":
+        return ["mergerfs", f"{src}:{work / 'lower'}", str(mnt)]
+    if driver == "gocryptfs":
+        return ["gocryptfs", "-q", "-passfile", str(work / "password"), str(src), str(mnt)]
+    if driver == "securefs":
+        return ["securefs", "mount", "--pass", PASSWORD, str(src), str(mnt)]
+    if driver in ("ntfs-3g", "squashfuse"):
+        return [driver, str(img), str(mnt)]
     raise ValueError(f"unknown driver {driver}")
 
 
@@ -456,7 +520,7 @@ class Mount:
 
     @property
     def img(self):
-        return self.work / ("img/disk.img" if self.reflink else "disk.img")
+        return image_path(self.driver, self.work, self.reflink)
 
     @property
     def daemonizes(self):
@@ -493,13 +557,27 @@ class Mount:
 
     def prepare(self, image_size):
         self.mnt.mkdir()
-        if DRIVERS[self.driver][1] == "image":
-            if self.reflink:
-                subprocess.run([REPO / "scripts" / "reflink-dir.sh", self.img.parent,
-                                str(image_size * 2 // MiB + 300)], check=True)
+        store = DRIVERS[self.driver][1]
+        if self.reflink:
+            subprocess.run([REPO / "scripts" / "reflink-dir.sh", self.img.parent,
+                            str(image_size * 2 // MiB + 300)], check=True)
+        if store == "image":
             make_ext4(self.img, image_size)
+        elif store == "ntfs":
+            make_ntfs(self.img, image_size)
+        elif store == "squashfs":
+            make_squashfs(self.img, self.work / "tree")
         else:
             self.src.mkdir()
+            for extra in ("lower", "overlay-work"):
+                (self.work / extra).mkdir()
+        if self.driver == "gocryptfs":
+            (self.work / "password").write_text(PASSWORD)
+            subprocess.run(["gocryptfs", "-q", "-init", "-passfile", str(self.work / "password"),
+                            str(self.src)], check=True, capture_output=True, timeout=60)
+        if self.driver == "securefs":
+            subprocess.run(["securefs", "create", "--pass", PASSWORD, str(self.src)],
+                           check=True, capture_output=True, timeout=60)
 
     def start(self):
         """Starts the driver (under rebound in rebound mode) and waits for the mount."""
@@ -593,6 +671,9 @@ class Mount:
         if DRIVERS[self.driver][1] == "image":
             ok, report = e2fsck(self.img)
             assert ok, f"e2fsck -fn {self.img} after {self.describe()}:\n{report}"
+        if DRIVERS[self.driver][1] == "ntfs":
+            ok, report = ntfsfix(self.img)
+            assert ok, f"ntfsfix -n {self.img} after {self.describe()}:\n{report}"
 
     def cleanup(self):
         """Whatever state things are in: no process, no mount, no directory left. A mount still

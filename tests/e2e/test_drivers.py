@@ -1,0 +1,155 @@
+"""Packaged FUSE drivers beyond the five the rest of the suite covers, each unmodified, each
+with the same short proof: the same scripted operations on a direct mount and under rebound
+give identical results (the read subset for a read-only driver), and a workload that checks
+every byte sees no error while the driver is killed with SIGKILL, SIGSEGV and SIGABRT, with
+the backing store right afterwards (ntfs-3g's image checked by `ntfsfix -n`).
+
+Owns: the per-driver proof of the default suite. Must not: run long storms (the all-drivers
+command does: tests/run-e2e.sh --all-drivers), or measure recovery latency (bench/recovery.py).
+"""
+
+import hashlib
+import os
+
+import pytest
+
+import chaos
+import fsops
+import mounts
+import workloads
+from test_differential import diff
+from test_recovery import explain, toml, wait_serving
+
+pytestmark = pytest.mark.usefixtures("many_open_files")
+
+WRITABLE = ["bindfs", "fuse-overlayfs", "unionfs", "mergerfs", "gocryptfs", "securefs",
+            "ntfs-3g"]
+READ_ONLY = ["squashfuse"]
+
+# Fails fast and restarts at once, as often as it takes.
+CONFIG = toml(request_timeout_ms=3000, probe_timeout_ms=1500, restart_budget=10000,
+              restart_backoff_ms=0)
+# What a driver needs beyond the defaults (the README's table says why).
+DRIVER_CONFIG = {
+    # Its upper and work directories must be one mount (it renames from one to the other);
+    # the default sandbox binds each path of the command line on its own (EXDEV).
+    "fuse-overlayfs": '[sandbox]\nprofile = "off"\n',
+}
+
+
+@pytest.mark.rebound
+@pytest.mark.parametrize("driver", WRITABLE)
+def test_rebound_matches_direct(mount, driver):
+    """fsops (creation, links, renames, locks, xattrs, a 3,000-entry directory, ...) on a
+    fresh direct mount and a fresh rebound mount of the driver: identical results."""
+    with mount(driver, "direct") as m:
+        direct = fsops.run(str(m.mnt))
+    with mount(driver, "rebound", config=DRIVER_CONFIG.get(driver, "")) as m:
+        rebound = fsops.run(str(m.mnt))
+    assert rebound == direct, "\n" + diff(direct, rebound, f"{driver} direct",
+                                          f"{driver} rebound")
+
+
+def read_tree(root):
+    """Every entry under root: its kind, size, mode and content digest or link target."""
+    seen = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            rel = os.path.relpath(path, root)
+            if os.path.islink(path):
+                seen.append((rel, "link", os.readlink(path)))
+            elif os.path.isdir(path):
+                seen.append((rel, "dir", oct(st.st_mode)))
+            else:
+                with open(path, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+                seen.append((rel, "file", st.st_size, oct(st.st_mode), digest))
+    return seen
+
+
+@pytest.mark.rebound
+@pytest.mark.parametrize("driver", READ_ONLY)
+def test_read_only_driver_reads_the_same_under_rebound(mount, driver):
+    with mount(driver, "direct") as m:
+        direct = read_tree(m.mnt)
+    with mount(driver, "rebound") as m:
+        rebound = read_tree(m.mnt)
+    assert len(direct) == len(mounts.SQUASHFS_TREE) + 3, direct  # + dir, dir/sub, link
+    assert rebound == direct
+
+
+@pytest.mark.rebound
+@pytest.mark.recovery
+@pytest.mark.parametrize("driver", WRITABLE)
+def test_a_checked_workload_sees_no_error_while_the_driver_is_killed(mount, driver):
+    """A file under a seeded random mix of writes, truncates and reads, checked against a
+    model, while the driver is killed (SIGKILL, SIGSEGV, SIGABRT) every 0.3-1 s; then the
+    backing store holds what the application last saw."""
+    result = None
+
+    def store_holds_the_result(m):
+        if result is None or result.recheck is None or driver in ("gocryptfs", "securefs"):
+            return  # (their store is ciphertext; ntfs-3g's image is checked by ntfsfix)
+        # mergerfs creates on whichever of its branches its policy picks.
+        store = next((d for d in (m.src, m.work / "lower") if (d / "model").exists()), None)
+        if store is not None:
+            problems = result.recheck(store)
+            assert not problems, "\n".join(problems[:20])
+        else:
+            assert mounts.DRIVERS[driver][1] != "dir", "the file is in no branch"
+
+    with mount(driver, "rebound", config=CONFIG + DRIVER_CONFIG.get(driver, ""),
+               after_stop=store_holds_the_result) as m:
+        wait_serving(m)
+        with chaos.Chaos(m.mnt, seed=11, kinds=("SIGKILL", "SIGSEGV", "SIGABRT"),
+                         min_interval=0.3, max_interval=1.0) as injector:
+            result = workloads.run("model", m.mnt, seed=11)
+        status = injector.final
+        why = explain(m, result.summary(), injector.describe())
+        assert not injector.problems, why
+        assert result.ok, why
+        assert injector.injected >= 3, "fewer than three kills during the workload\n" + why
+        assert status["failures"] == injector.injected, \
+            "failures the kills did not cause\n" + why
+        # Read back through the mount, after the last restart.
+        assert result.recheck is None or not result.recheck(m.mnt), why
+
+
+# --- the all-drivers command (tests/run-e2e.sh --all-drivers) --------------------------------
+
+ALL_DRIVERS = os.environ.get("REBOUND_ALL_DRIVERS") == "1"
+
+
+@pytest.mark.rebound
+@pytest.mark.recovery
+@pytest.mark.skipif(not ALL_DRIVERS, reason="long: tests/run-e2e.sh --all-drivers")
+@pytest.mark.parametrize("driver", WRITABLE)
+def test_a_tree_is_unpacked_and_checked_through_a_storm_of_failures(mount, tree_tarball,
+                                                                    driver):
+    """The tree workload (unpack, checksum, rewrite, remove, rename, list) while the driver is
+    killed (SIGKILL, SIGSEGV, SIGABRT) or hangs (SIGSTOP: rebound's deadlines must find it)
+    every 0.2-2 s: 0 application errors, every failure one the storm caused."""
+    with mount(driver, "rebound", config=CONFIG + DRIVER_CONFIG.get(driver, ""),
+               image_size=512 * mounts.MiB) as m:
+        wait_serving(m)
+
+        def abort():  # the mount is lost: what waits on it fails now, not at the watchdog
+            conn = mounts.fuse_connection(m.mnt)
+            if conn is not None:
+                mounts.abort_connection(conn)
+
+        with chaos.Chaos(m.mnt, seed=5, min_interval=0.2, max_interval=2.0,
+                         on_stuck=abort) as injector:
+            result = workloads.run("tree", m.mnt, tarball=tree_tarball, seed=5)
+        status = injector.final
+        why = explain(m, result.summary(), injector.describe())
+        assert not injector.problems, why
+        assert result.ok, why
+        assert injector.injected >= 5, "fewer than five failures during the workload\n" + why
+        assert status["failures"] == injector.injected, \
+            "failures the storm did not cause\n" + why
+        print(f"{driver}: {injector.injected} failures injected, "
+              f"{status['failures_by_cause']}, recovery ms {status['recovery_ms'][-5:]}")
