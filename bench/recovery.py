@@ -44,6 +44,9 @@ from run import (REPO, load, machine_meta, plot_with_matplotlib,  # noqa: E402  
                  rebound_status, wait_for)
 
 DRIVERS = ("fuse2fs", "passthrough_ll", "sshfs", "gofuse")
+# Also measurable (not by default): the packaged drivers of tests/e2e/test_drivers.py.
+MORE_DRIVERS = ("bindfs", "mergerfs", "unionfs", "fuse-overlayfs", "gocryptfs", "securefs",
+                "ntfs-3g")
 LABELS = {"gofuse": "go-fuse loopback"}
 FILE_SIZE = 1024
 
@@ -57,6 +60,8 @@ def config(driver, m):
     if driver == "fuse2fs":
         text += (f'redo_log = true\nimage = "{m.img}"\ncheckpoint_interval_ms = 200\n'
                  'checkpoint_changes = 64\n')
+    if driver == "fuse-overlayfs":  # see tests/e2e/test_drivers.py's DRIVER_CONFIG
+        text += '[sandbox]\nprofile = "off"\n'
     return text
 
 
@@ -511,9 +516,9 @@ def main():
                      args.report)
         return
     args.drivers = args.drivers.split(",")
-    unknown = [d for d in args.drivers if d not in DRIVERS]
+    unknown = [d for d in args.drivers if d not in DRIVERS + MORE_DRIVERS]
     if unknown:
-        sys.exit(f"recovery: unknown driver(s) {', '.join(unknown)}; known: {', '.join(DRIVERS)}")
+        sys.exit(f"recovery: unknown driver(s) {', '.join(unknown)}; known: {', '.join(DRIVERS + MORE_DRIVERS)}")
     try:
         if "=" in args.kills:
             pairs = dict(kv.split("=", 1) for kv in args.kills.split(","))
