@@ -230,6 +230,19 @@ def test_workload_survives_driver_failures(mount, tree_tarball, seed, driver, wo
         assert status["last_failure"], why
 
 
+def storm_passed(m, result, injector, least=3):
+    """Asserts what every storm must show: the workload saw no error, the injector had no
+    problem and made at least `least` failures, and rebound counted exactly those. Returns the
+    final status and the explanation for further assertions."""
+    status = injector.final
+    why = explain(m, result.summary(), injector.describe())
+    assert not injector.problems, why
+    assert result.ok, why
+    assert injector.injected >= least, f"fewer than {least} failures injected\n" + why
+    assert status["failures"] == injector.injected, "failures not injected\n" + why
+    return status, why
+
+
 def test_fuse2fs_keeps_every_change_through_a_kill_storm_without_e2fsck(mount, tree_tarball,
                                                                         seed):
     """fuse2fs with its recommended config (redo log, image checkpoints on XFS), under kills
@@ -244,13 +257,7 @@ def test_fuse2fs_keeps_every_change_through_a_kill_storm_without_e2fsck(mount, t
         with chaos.Chaos(m.mnt, seed=seed, kinds=kinds, min_interval=0.2,
                          max_interval=0.8) as injector:
             result = workloads.run("tree", m.mnt, tarball=tree_tarball, seed=seed)
-        status = injector.final
-        why = explain(m, result.summary(), injector.describe())
-        assert not injector.problems, why
-        assert result.ok, why
-        assert injector.injected >= 3, "fewer than three kills during the workload\n" + why
-        assert status["failures"] == injector.injected, \
-            "failures the storm did not cause\n" + why
+        status, why = storm_passed(m, result, injector)
         assert status["failures_by_cause"].get("during_restore", 0) == 0, why
         phases = status["recovery_phases_ms"]
         assert phases and all("rollback" in p and "pre_restart" not in p for p in phases), why

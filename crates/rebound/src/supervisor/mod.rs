@@ -278,7 +278,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         standby_kind: standby::kind(config, argv),
         image,
     };
-    let built_in = crate::sandbox::built_in_capabilities(argv);
+    let built_in = crate::sandbox::named::built_in_capabilities(argv);
     if !built_in.is_empty() && config.sandbox.profile != Profile::Off {
         tracing::info!(
             "sandbox: {} keeps {} (rebound's profile of it)",
