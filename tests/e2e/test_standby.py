@@ -57,6 +57,11 @@ def test_a_standby_takes_over_from_a_killed_driver(mount, driver):
         assert again["driver_pid"] != again["standby_pid"], explain(m, again)
 
 
+def standby_answered_init(m):
+    """Whether rebound's log says a standby answered the kernel's INIT ahead of a failure."""
+    return "standby driver answered INIT" in m.output()
+
+
 def test_an_sshfs_standby_has_its_ssh_session_open_before_a_failure(mount):
     """sshfs opens its SSH session after mount(2) and then daemonizes: its standby's mount is
     answered at once, so that both happen before a failure and the takeover pays for neither
@@ -72,9 +77,12 @@ def test_an_sshfs_standby_has_its_ssh_session_open_before_a_failure(mount):
         assert mounts.wait_for(lambda: len(ssh_sessions()) == 2, 30), \
             explain(m, f"ssh processes under rebound: {ssh_sessions()}")
         sessions = set(ssh_sessions())
+        # Its INIT is answered ahead too, once it reads its channel (after its session).
+        assert mounts.wait_for(lambda: standby_answered_init(m), 30), explain(m, before)
         os.kill(before["driver_pid"], signal.SIGKILL)
         after = wait_serving(m, lambda s: serving(s) and s["restarts"] == 1)
         assert after["standby_takeovers"] == 1, explain(m, after)
+        assert "its INIT answered) takes over" in m.output(), explain(m, after)
         assert (m.mnt / "f").read_text() == "x"
         # The failed driver's session is gone; the standby's serves on.
         kept = sessions & set(ssh_sessions())

@@ -555,7 +555,54 @@ impl Proxy {
     /// Hands the proxy a new driver's channel: it is brought up to the old driver's state on a
     /// thread of its own, which reports [`ProxyEvent::Recovered`] or
     /// [`ProxyEvent::RecoveryFailed`]. `timeout` bounds each of rebound's requests to it.
-    pub fn attach_driver(&self, channel: OwnedFd, timeout: Duration) -> io::Result<()> {
+    /// The kernel's INIT for a standby successor to answer before it is needed (see
+    /// `supervisor::standby`), with a unique of rebound's own: `(unique, request)`. `None`
+    /// until the kernel has sent one.
+    pub fn init_for_standby(&self) -> Option<(u64, Vec<u8>)> {
+        let mut request = self
+            .shared
+            .init
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        let unique = self.shared.calls.next_unique();
+        write_u64(&mut request, std::mem::offset_of!(InHeader, unique), unique);
+        Some((unique, request))
+    }
+
+    /// A standby's reply to the INIT of [`Proxy::init_for_standby`] (`unique`): its body, if
+    /// it is valid and a success, or why not.
+    pub fn check_standby_init(&self, unique: u64, reply: &[u8]) -> Result<Vec<u8>, String> {
+        let parsed = DriverMessage::parse(reply)
+            .and_then(|parsed| {
+                parsed
+                    .validate_reply(ReplyShape::Init, self.shared.minor())
+                    .map(|_| parsed)
+            })
+            .map_err(|e| format!("its reply to INIT was refused: {e}"))?;
+        if parsed.header.unique != unique {
+            return Err(format!(
+                "it answered {} to INIT {unique}",
+                parsed.header.unique
+            ));
+        }
+        if parsed.header.error != 0 {
+            return Err(format!(
+                "it refused INIT ({})",
+                io::Error::from_raw_os_error(-parsed.header.error)
+            ));
+        }
+        Ok(parsed.body.to_vec())
+    }
+
+    /// Restores a new driver through `channel`. `init_reply`: its answer to the kernel's INIT
+    /// if it already gave one (a standby's), else the INIT is replayed first.
+    pub fn attach_driver(
+        &self,
+        channel: OwnedFd,
+        timeout: Duration,
+        init_reply: Option<Vec<u8>>,
+    ) -> io::Result<()> {
         let shared = &self.shared;
         let generation = shared.generations.fetch_add(1, Ordering::Relaxed) + 1;
         shared
@@ -571,7 +618,7 @@ impl Proxy {
         std::thread::Builder::new()
             .name("recovery".into())
             .spawn(move || {
-                let outcome = recovery::restore(&shared, &driver, generation, timeout);
+                let outcome = recovery::restore(&shared, &driver, generation, timeout, init_reply);
                 // A restore that ends after its driver was given up (the supervisor saw it
                 // fail another way and started the next) reports nothing: read late, its
                 // failure would be taken for the next driver's and end that one too.

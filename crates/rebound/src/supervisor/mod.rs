@@ -604,7 +604,7 @@ impl Run<'_> {
                 channel,
                 channel_inode,
                 caller,
-            } => self.attach(channel, channel_inode, caller)?,
+            } => self.attach(channel, channel_inode, caller, None)?,
             Intercepted::Unmounted => {
                 // The driver is done with the mount; its reader threads must not wait for
                 // requests that will never come.
@@ -622,8 +622,14 @@ impl Run<'_> {
     }
 
     /// A new driver (pid `caller` holds its end) has its channel to the mount: its state is
-    /// restored through it.
-    fn attach(&mut self, channel: OwnedFd, channel_inode: u64, caller: u32) -> anyhow::Result<()> {
+    /// restored through it (`init_reply`: its answer to the kernel's INIT, if it gave one).
+    fn attach(
+        &mut self,
+        channel: OwnedFd,
+        channel_inode: u64,
+        caller: u32,
+        init_reply: Option<Vec<u8>>,
+    ) -> anyhow::Result<()> {
         if let Some(s) = &mut self.served {
             tracing::info!(
                 "new driver (pid {caller}) attached to {}; restoring its state",
@@ -631,7 +637,7 @@ impl Run<'_> {
             );
             s.channel_inode = channel_inode;
             s.proxy
-                .attach_driver(channel, self.config.request_timeout())
+                .attach_driver(channel, self.config.request_timeout(), init_reply)
                 .context("starting the recovery")?;
             self.phase = Phase::Recovering(Step::Restoring);
         }

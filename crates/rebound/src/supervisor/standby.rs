@@ -3,8 +3,10 @@
 //! serves, in the sandbox a restart would give it. Its FUSE `mount(2)` is answered at once
 //! with a channel of its own that stays silent until a failure: the standby goes on with what
 //! drivers do after mounting (sshfs opens its SSH session only then, libfuse daemonizes) and
-//! waits for its INIT. A recovery hands that channel to the proxy, and the successor serves at
-//! once: its process start, libraries, cgroup and its own set-up were paid before the failure.
+//! reads its channel. rebound then gives it the kernel's INIT (replayed), so that what a driver
+//! does at INIT (securefs derives its key there) is done too. A recovery hands that channel to
+//! the proxy, and the successor serves at once: its process start, libraries, cgroup, its own
+//! set-up and its INIT were paid before the failure.
 //!
 //! The standby runs in a cgroup of its own, which becomes the driver's at the hand-over (the
 //! two swap): that is how its processes are told from the driver's once it has daemonized.
@@ -133,7 +135,7 @@ pub enum StandbyMount {
     Pending,
     /// Held unanswered until the hand-over (without a cgroup of its own: see the module doc).
     Held(Notification),
-    /// Answered with a channel that stays silent until the hand-over.
+    /// Answered with a channel that carries nothing but the INIT until the hand-over.
     Attached {
         /// rebound's end.
         channel: OwnedFd,
@@ -141,7 +143,33 @@ pub enum StandbyMount {
         channel_inode: u64,
         /// The process that called `mount(2)`.
         caller: u32,
+        /// The kernel's INIT, given to it: its unique, and the exchange under way.
+        init: Option<(u64, JoinHandle<std::io::Result<Vec<u8>>>)>,
     },
+}
+
+/// Sends `request` (an INIT) on `channel` and returns the reply, waiting at most `timeout`.
+fn exchange_init(
+    channel: OwnedFd,
+    request: Vec<u8>,
+    timeout: Duration,
+) -> std::io::Result<Vec<u8>> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let sent = Instant::now();
+    rustix::net::send(&channel, &request, rustix::net::SendFlags::NOSIGNAL)?;
+    let mut fds = [PollFd::new(&channel, PollFlags::IN)];
+    let limit = Timespec::try_from(timeout).map_err(std::io::Error::other)?;
+    if poll(&mut fds, Some(&limit))? == 0 {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    let mut reply = vec![0u8; 4096];
+    let (len, _) = rustix::net::recv(&channel, &mut reply, rustix::net::RecvFlags::DONTWAIT)?;
+    reply.truncate(len);
+    tracing::info!(
+        "standby driver answered INIT, {:.1} ms after it was sent",
+        sent.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(reply)
 }
 
 impl Standby {
@@ -177,6 +205,7 @@ impl Standby {
                                 channel,
                                 channel_inode,
                                 caller: notif.pid,
+                                init: None,
                             }
                         }
                         Ok(None) => {}
@@ -198,6 +227,37 @@ impl Standby {
             }
         }
         intercept::handle(self.listener.as_fd(), &notif, None, sandboxed, is_driver);
+    }
+
+    /// Gives it the kernel's INIT (`unique`, `request`) on a thread of its own: a driver may
+    /// take long over it (securefs derives its key).
+    fn start_init(&mut self, unique: u64, request: Vec<u8>, timeout: Duration) {
+        let StandbyMount::Attached { channel, init, .. } = &mut self.mount else {
+            return;
+        };
+        let exchange = channel.try_clone().and_then(|channel| {
+            std::thread::Builder::new()
+                .name("standby-init".into())
+                .spawn(move || exchange_init(channel, request, timeout))
+        });
+        match exchange {
+            Ok(thread) => *init = Some((unique, thread)),
+            Err(e) => tracing::debug!("the standby gets its INIT at the hand-over: {e}"),
+        }
+    }
+
+    /// Its INIT exchange, once over (waiting for it if need be): `None` if it was given none,
+    /// else the INIT's unique and the reply, or why there is none.
+    fn finish_init(&mut self) -> Option<Result<(u64, Vec<u8>), String>> {
+        let StandbyMount::Attached { init, .. } = &mut self.mount else {
+            return None;
+        };
+        let (unique, thread) = init.take()?;
+        Some(match thread.join() {
+            Ok(Ok(reply)) => Ok((unique, reply)),
+            Ok(Err(e)) => Err(format!("its INIT: {e}")),
+            Err(_) => Err("its INIT: the exchange panicked".into()),
+        })
     }
 
     /// Whether it reached its mount.
@@ -335,6 +395,13 @@ impl Run<'_> {
         });
         if !was_mounted && standby.mounted() {
             let pid = standby.pid;
+            if let Some((unique, request)) = self
+                .served
+                .as_ref()
+                .and_then(|s| s.proxy.init_for_standby())
+            {
+                standby.start_init(unique, request, self.config.request_timeout());
+            }
             self.standby_pace.succeeded();
             self.board.update(|b| b.standby_pid = Some(pid));
         }
@@ -370,6 +437,25 @@ impl Run<'_> {
     /// driver's), and is given the mount: its channel is handed to the proxy, or its held
     /// mount answered with one. Returns whether it did.
     pub(super) fn promote_standby(&mut self, now: Instant) -> anyhow::Result<bool> {
+        // A standby that answered the kernel's INIT gives that answer; one that could not
+        // answer it properly is no successor.
+        let mut init_reply = None;
+        let init = self.standby.as_mut().and_then(Standby::finish_init);
+        let checked = init.map(|exchange| {
+            let proxy = self.served.as_ref().map(|s| &s.proxy);
+            exchange.and_then(|(unique, reply)| match proxy {
+                Some(proxy) => proxy.check_standby_init(unique, &reply),
+                None => Err("no mount".into()),
+            })
+        });
+        match checked {
+            Some(Ok(body)) => init_reply = Some(body),
+            Some(Err(why)) => {
+                self.drop_standby(&why, true);
+                return Ok(false);
+            }
+            None => {}
+        }
         if let Some(gate) = self.standby.as_ref().and_then(|s| s.gate.as_ref()) {
             if let Err(e) = rustix::io::write(gate, &[1]) {
                 self.drop_standby(&format!("it could not be let run ({e})"), true);
@@ -382,8 +468,13 @@ impl Run<'_> {
             return Ok(false);
         };
         let waited_ms = standby.started.elapsed().as_secs_f64() * 1e3;
+        let ahead = if init_reply.is_some() {
+            ", its INIT answered"
+        } else {
+            ""
+        };
         tracing::info!(
-            "standby driver (pid {}, started {waited_ms:.0} ms ago) takes over",
+            "standby driver (pid {}, started {waited_ms:.0} ms ago{ahead}) takes over",
             standby.pid
         );
         if self.standby_cgroup.is_some() {
@@ -418,7 +509,8 @@ impl Run<'_> {
                 channel,
                 channel_inode,
                 caller,
-            } => self.attach(channel, channel_inode, caller)?,
+                ..
+            } => self.attach(channel, channel_inode, caller, init_reply)?,
             StandbyMount::Pending => {}
         }
         Ok(true)

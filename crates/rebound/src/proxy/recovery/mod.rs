@@ -241,6 +241,7 @@ pub(super) fn restore(
     driver: &Arc<OwnedFd>,
     generation: u64,
     timeout: Duration,
+    init_reply: Option<Vec<u8>>,
 ) -> Result<Restored, String> {
     let started = Instant::now();
     let new = NewDriver {
@@ -256,7 +257,13 @@ pub(super) fn restore(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .awaiting_first_reply = true;
-    new.replay_init()?;
+    match init_reply {
+        // A standby answered it before the failure.
+        Some(body) => {
+            let _ = new.init_reply.set(body);
+        }
+        None => new.replay_init()?,
+    }
     mark_recovery_phase(shared, "init");
     let mut restored = Restored::default();
     // Nodes are looked up when first needed; handles are reopened now, their nodes first.
