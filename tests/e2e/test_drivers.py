@@ -95,8 +95,15 @@ NOT_YET_THROUGH_KILLS = {
                  "after a kill returned other data at +8212 (1 mismatch in 9,017 operations, "
                  "13 kills); not yet explained",
 }
-KILLS = [pytest.param(d, marks=pytest.mark.skip(reason=NOT_YET_THROUGH_KILLS[d]))
-         if d in NOT_YET_THROUGH_KILLS else d for d in WRITABLE]
+
+
+def skipping(drivers, reasons):
+    """drivers as test parameters, those named in reasons skipped with their reason."""
+    return [pytest.param(d, marks=pytest.mark.skip(reason=reasons[d])) if d in reasons else d
+            for d in drivers]
+
+
+KILLS = skipping(WRITABLE, NOT_YET_THROUGH_KILLS)
 
 
 @pytest.mark.rebound
@@ -150,8 +157,7 @@ NOT_YET_THROUGH_A_STORM = {
                 "new drivers aborted (SIGABRT) or hung during their restore until the "
                 "workload's 180 s ran out; 136 failures injected",
 }
-STORM = [pytest.param(d, marks=pytest.mark.skip(reason=NOT_YET_THROUGH_A_STORM[d]))
-         if d in NOT_YET_THROUGH_A_STORM else d for d in WRITABLE]
+STORM = skipping(WRITABLE, NOT_YET_THROUGH_A_STORM)
 
 
 @pytest.mark.rebound
