@@ -93,9 +93,8 @@ fn prepare(
         SocketFlags::CLOEXEC,
         None,
     )?;
-    // The child's copy stays open until exec (CLOEXEC); the parent's closes with `theirs`
-    // once spawned, or here when the closure that holds it is dropped with the command.
-    let theirs = std::sync::Arc::new(theirs);
+    // The child's copy stays open until exec (CLOEXEC); the parent's is owned by the closure
+    // and closes when the command is dropped.
     // SAFETY: the closure runs in the forked child before exec and only makes system calls
     // (those of the sandbox, seccomp, getpid, sendmsg and read on stack buffers, close); it
     // allocates nothing and takes no locks, so it is async-signal-safe. The child has a single

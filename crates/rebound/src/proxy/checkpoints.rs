@@ -1,7 +1,8 @@
 //! Checkpoints (ODFT): every `checkpoint_interval_ms` while the redo log holds changes, as soon
 //! as it holds `checkpoint_changes` (what a recovery replays, and so its time, is bounded by
-//! that, at the cost of more checkpoints under heavy writes), and right after each recovery, the serving driver is made to flush what it keeps in memory (an
-//! FSYNC through a file lately written: fuse2fs then flushes everything), and the redo log
+//! that, at the cost of more checkpoints under heavy writes), and right after each recovery,
+//! the serving driver is made to flush what it keeps in memory (an FSYNC through a file lately
+//! written: fuse2fs then flushes everything), and the redo log
 //! drops the changes that made durable.
 //!
 //! With an image checkpoint ([`crate::checkpoint`]), what is durable is the clone, not the
@@ -61,9 +62,11 @@ impl CheckpointDue {
         }
     }
 
-    /// The redo log now holds `len` changes.
+    /// The redo log now holds `len` changes. Wakes the checkpointer at each further
+    /// `changes` of them (not at every change: this runs on the request path, and a put-off
+    /// checkpoint is asked for again `changes` later, or by the interval).
     pub(super) fn logged(&self, len: usize) {
-        if self.changes != 0 && len >= self.changes {
+        if self.changes != 0 && len >= self.changes && len % self.changes == 0 {
             self.soon();
         }
     }

@@ -1645,7 +1645,9 @@ fn suspicion(
 ) -> Option<String> {
     shared.second_opinions.as_ref()?;
     let op = Opcode::from_raw(request.opcode)?;
-    if error == 0 && tracker::redo::is_mutation(op) {
+    // Set once: a store on every reply would bounce the flag's cache line between threads.
+    if error == 0 && tracker::redo::is_mutation(op) && !shared.store_changed.load(Ordering::Relaxed)
+    {
         shared.store_changed.store(true, Ordering::Relaxed);
     }
     if error != 0 {
