@@ -66,7 +66,7 @@ impl CheckpointDue {
     /// `changes` of them (not at every change: this runs on the request path, and a put-off
     /// checkpoint is asked for again `changes` later, or by the interval).
     pub(super) fn logged(&self, len: usize) {
-        if self.changes != 0 && len >= self.changes && len % self.changes == 0 {
+        if self.changes != 0 && len >= self.changes && len.is_multiple_of(self.changes) {
             self.soon();
         }
     }
