@@ -86,8 +86,9 @@ pub struct SandboxConfig {
     /// Whether the driver shares the host's network; unset: yes under `default`, no under
     /// `strict`.
     pub network: Option<bool>,
-    /// Capabilities the driver keeps (`"CAP_CHOWN"`); none by default.
-    pub capabilities: Vec<String>,
+    /// Capabilities the driver keeps (`"CAP_CHOWN"`). Unset: derived from its command line
+    /// (the file capabilities for a driver given a directory to serve, none otherwise).
+    pub capabilities: Option<Vec<String>>,
     /// System calls of the profile's deny list the driver may make after all (`"ptrace"`).
     pub allow_syscalls: Vec<String>,
 }
@@ -168,7 +169,7 @@ impl Default for SandboxConfig {
             readable_paths: Vec::new(),
             command_line_paths: true,
             network: None,
-            capabilities: Vec::new(),
+            capabilities: None,
             allow_syscalls: Vec::new(),
         }
     }
@@ -356,7 +357,7 @@ impl SandboxConfig {
                 }
             }
         }
-        for name in &self.capabilities {
+        for name in self.capabilities.iter().flatten() {
             if crate::sandbox::capability(name).is_none() {
                 return Err(format!(
                     "sandbox.capabilities: `{name}` is not a capability (write e.g. \"CAP_CHOWN\")"

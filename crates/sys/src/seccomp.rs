@@ -4,7 +4,8 @@
 //! `splice(2)` of the driver's whole process tree to rebound, which performs them itself (or
 //! lets them continue) and answers in the driver's place. `fsopen(2)` fails with
 //! `ENOSYS` so that libraries fall back to `mount(2)`, and the system calls of a deny list
-//! (chosen by the caller) fail with `EPERM`. Calls that act on another process by its pid
+//! (chosen by the caller) go to rebound too, which fails them with `EPERM` and says which
+//! setting would allow them (a denied call is rare: the round trip costs nothing that counts). Calls that act on another process by its pid
 //! (signals, `pidfd_open`, `prlimit64`, scheduling and priorities) go to rebound too, which
 //! lets through only those aimed at the driver's own processes: the driver runs as uid 0, and
 //! the kernel would let it signal every root process. `kill(-1)` fails at once; the driver's
@@ -154,8 +155,9 @@ impl Returns {
     }
 }
 
-/// The BPF program: foreign ABIs fail with `ENOSYS`, each of `denied` fails with `EPERM`,
-/// then the interception (see the module comment), and everything else is allowed.
+/// The BPF program: foreign ABIs fail with `ENOSYS`, each of `denied` is reported (to be
+/// failed with `EPERM`), then the interception (see the module comment), and everything else
+/// is allowed.
 fn program(denied: &[u32]) -> Vec<libc::sock_filter> {
     const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
     const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
@@ -182,7 +184,7 @@ fn program(denied: &[u32]) -> Vec<libc::sock_filter> {
     ];
     for &nr in denied {
         let at = prog.len();
-        prog.push(jump(JEQ_K, nr, rel(at, to.eperm), 0));
+        prog.push(jump(JEQ_K, nr, rel(at, to.notify), 0));
     }
     // Other processes. kill(0) is the driver's own process group (it leads a session of its
     // own), kill(-1) every process there is.
@@ -261,8 +263,8 @@ pub struct Filter {
 }
 
 impl Filter {
-    /// The interception filter, which also makes each system call of `denied` fail with
-    /// `EPERM`. Fails when `denied` is longer than [`MAX_DENIED`].
+    /// The interception filter, which also reports each system call of `denied` (for the
+    /// listener to fail with `EPERM`). Fails when `denied` is longer than [`MAX_DENIED`].
     pub fn new(denied: &[u32]) -> io::Result<Filter> {
         if denied.len() > MAX_DENIED {
             return Err(io::Error::other("too many system calls to deny"));
@@ -449,7 +451,7 @@ mod tests {
             let call = |nr: i64, args: [i64; 6]| run(&filter.program, AUDIT_ARCH, nr, args);
             let none = [0; 6];
             for &nr in denied {
-                assert_eq!(call(i64::from(nr), none), eperm);
+                assert_eq!(call(i64::from(nr), none), notify);
             }
             assert_eq!(
                 run(&filter.program, 0x4000_0003, libc::SYS_read, none),

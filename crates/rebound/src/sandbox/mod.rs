@@ -18,7 +18,9 @@ use rebound_sys::sandbox::{NewRoot, Sandbox, Step, CAPABILITY_NAMES};
 
 use crate::config::{Config, Profile};
 use crate::paths::normalize;
-use named::{built_in_capabilities, command_line_paths, named_paths};
+use named::{
+    command_line_paths, derived_capabilities, known_driver, likely_mountpoint, named_paths,
+};
 
 /// System calls no file-system driver needs, denied (`EPERM`) under both profiles: loading
 /// kernel code, rebooting, tracing or reading other processes, keyrings, the clock, swap,
@@ -92,6 +94,15 @@ pub fn deniable(name: &str) -> bool {
         .any(|(n, _)| *n == name)
 }
 
+/// The name of system call `nr`, if some profile denies it.
+pub fn denied_name(nr: i64) -> Option<&'static str> {
+    DENIED_SYSCALLS
+        .iter()
+        .chain(STRICT_DENIED_SYSCALLS)
+        .find(|&&(_, n)| n == nr)
+        .map(|&(name, _)| name)
+}
+
 /// Every name `allow_syscalls` may take, for error messages.
 pub fn deniable_names() -> String {
     DENIED_SYSCALLS
@@ -140,11 +151,10 @@ const RESOLVER_DIRS: &[&str] = &["/run/systemd/resolve", "/run/resolvconf"];
 pub enum MountPoint<'a> {
     /// A first start: the mount point is not known yet (nor mounted).
     Unknown,
-    /// A restart where the mount point must not be mounted in the driver's view (a driver
-    /// that mounts by itself).
+    /// A restart (or a standby's start): the mount point is not mounted in the driver's view,
+    /// as at a first start. A driver that mounts through a helper is shown the mount once its
+    /// mount(2) is answered (see `supervisor::intercept`).
     Hidden(&'a Path),
-    /// A restart where the driver must see the mount (it checks it through a helper).
-    Visible(&'a Path),
 }
 
 /// The sandbox of one driver start, the system calls its filter denies, and what the driver
@@ -224,20 +234,40 @@ pub fn build(
     }
     sandbox.new_network = !settings.network();
     sandbox.no_new_privs = true;
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    // At a first start, where the driver will likely mount: the mount's, not the driver's.
+    let guessed = match mountpoint {
+        MountPoint::Unknown => likely_mountpoint(argv, &cwd),
+        MountPoint::Hidden(_) => None,
+    };
+    let known = match mountpoint {
+        MountPoint::Unknown => guessed.as_deref(),
+        MountPoint::Hidden(m) => Some(m),
+    };
+    let (derived, serves) = derived_capabilities(argv, &cwd, known);
+    let driver = known_driver(argv);
+    let kept: Vec<&str> = match &settings.capabilities {
+        Some(list) => list.iter().map(String::as_str).collect(),
+        None => derived.to_vec(),
+    };
+    if let (None, Some(dir), MountPoint::Unknown) = (&settings.capabilities, &serves, &mountpoint) {
+        tracing::info!(
+            "the driver keeps {} to serve {} for every user, as it would as root outside \
+             rebound (`[sandbox] capabilities` sets its own list)",
+            derived.join(", "),
+            dir.display()
+        );
+    }
     sandbox.capabilities = Some(
-        settings
-            .capabilities
-            .iter()
-            .map(String::as_str)
-            .chain(built_in_capabilities(argv).iter().copied())
+        kept.into_iter()
+            .chain(
+                driver
+                    .into_iter()
+                    .flat_map(|d| d.capabilities.iter().copied()),
+            )
             .filter_map(capability)
             .fold(0u64, |bits, cap| bits | 1 << cap),
     );
-    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-    let known = match mountpoint {
-        MountPoint::Unknown => None,
-        MountPoint::Hidden(m) | MountPoint::Visible(m) => Some(m),
-    };
     // Every path bound into the view, and whether the driver may write it; sorted, so that a
     // directory is bound before what lies below it.
     let mut grants: BTreeMap<PathBuf, bool> = BTreeMap::new();
@@ -257,21 +287,25 @@ pub fn build(
     for path in &settings.writable_paths {
         grant(path.clone(), true);
     }
+    for path in driver.map(|d| d.writable_paths()).unwrap_or_default() {
+        grant(path, true);
+    }
     if settings.command_line_paths {
         for path in command_line_paths(argv, &cwd, known) {
             grant(path, true);
         }
     }
     // Reported at a first start only; a restart's would be the same.
-    let hidden = match known {
-        None => hidden(
+    let hidden = match mountpoint {
+        MountPoint::Unknown => hidden(
             settings.profile,
             &grants,
             argv,
             &cwd,
+            known,
             &mut std::env::vars_os(),
         ),
-        Some(_) => Vec::new(),
+        MountPoint::Hidden(_) => Vec::new(),
     };
 
     let stage = Path::new(STAGE);
@@ -287,7 +321,7 @@ pub fn build(
             });
             // Before anything is mounted over them: a copy hidden under the private /tmp
             // would hold its connection as well as a visible one.
-            steps.extend(detach_fuse_copies(&mountpoint, Profile::Default, &inside));
+            steps.extend(detach_fuse_copies(&inside));
             steps.push(Step::ReadOnly {
                 target: c_path(stage),
                 recursive: true,
@@ -344,18 +378,10 @@ pub fn build(
         }
         Profile::Off => unreachable!("handled above"),
     }
-    // The mount point, where the view does not have it: made, and bound when the driver
-    // must see the mount.
+    // The mount point, where the view does not have it: made (not mounted).
     if let Some(m) = known.filter(|m| settings.profile == Profile::Strict || is_private(m)) {
         for ancestor in ancestors(m) {
             steps.push(Step::Dir(inside(ancestor)));
-        }
-        if let MountPoint::Visible(m) = mountpoint {
-            steps.push(Step::Bind {
-                source: c_path(m),
-                target: inside(m),
-                recursive: true,
-            });
         }
     }
     // Secrets root may read (the driver is still uid 0) are hidden behind /dev/null.
@@ -367,7 +393,7 @@ pub fn build(
         });
     }
     if settings.profile == Profile::Strict {
-        steps.extend(detach_fuse_copies(&mountpoint, Profile::Strict, &inside));
+        steps.extend(detach_fuse_copies(&inside));
         steps.push(Step::ReadOnly {
             target: c_path(stage),
             recursive: false,
@@ -400,23 +426,11 @@ pub fn build(
 
 /// Copies of the host's FUSE mounts would keep their connections alive after the host
 /// unmounts them (nothing propagates between the namespaces), even hidden under another
-/// mount: they are detached. The driver's own mount stays where it must see it, if this copy
-/// is the one it sees: under `default`, the copy the root's bind made outside the private
-/// directories (one in them is hidden, and the mount is bound again explicitly); under
-/// `strict`, the explicit bind itself.
-fn detach_fuse_copies(
-    mountpoint: &MountPoint<'_>,
-    profile: Profile,
-    inside: &impl Fn(&Path) -> CString,
-) -> Vec<Step> {
+/// mount: they are detached, the driver's own mount among them (it is not mounted where the
+/// driver starts).
+fn detach_fuse_copies(inside: &impl Fn(&Path) -> CString) -> Vec<Step> {
     fuse_mounts()
         .into_iter()
-        .filter(|fuse_mount| match mountpoint {
-            MountPoint::Visible(m) if *m == fuse_mount => {
-                profile == Profile::Default && is_private(m)
-            }
-            _ => true,
-        })
         .map(|fuse_mount| Step::Detach(inside(&fuse_mount)))
         .collect()
 }
@@ -524,6 +538,7 @@ fn hidden(
     grants: &BTreeMap<PathBuf, bool>,
     argv: &[OsString],
     cwd: &Path,
+    mountpoint: Option<&Path>,
     env: &mut dyn Iterator<Item = (OsString, OsString)>,
 ) -> Vec<Hidden> {
     let visible = |path: &Path| {
@@ -541,7 +556,7 @@ fn hidden(
         }
     };
     let mut out: Vec<Hidden> = Vec::new();
-    for (path, _) in named_paths(argv, cwd, None) {
+    for (path, _) in named_paths(argv, cwd, mountpoint) {
         if !visible(&path) {
             out.push(Hidden {
                 path,
@@ -676,7 +691,14 @@ mod tests {
             ("PWD".into(), dir.clone().into()),
         ]
         .into_iter();
-        let found = hidden(Profile::Default, &grants, &argv, Path::new("/"), &mut env);
+        let found = hidden(
+            Profile::Default,
+            &grants,
+            &argv,
+            Path::new("/"),
+            None,
+            &mut env,
+        );
         assert_eq!(
             found,
             [Hidden {
@@ -690,6 +712,7 @@ mod tests {
             &grants,
             &argv[..1],
             Path::new("/"),
+            None,
             &mut env,
         );
         assert_eq!(found.len(), 1);

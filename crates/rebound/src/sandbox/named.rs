@@ -1,5 +1,6 @@
 //! What a driver's command line names, and what rebound knows a driver needs: the paths it
-//! is given (shown in its view), and the capabilities a known driver cannot start without.
+//! is given (shown in its view), where it will likely mount, what a known driver needs
+//! beyond that, and the capabilities derived from what it serves.
 //!
 //! Owns: finding paths in arguments and option values, and the built-in per-driver table.
 //! Must not: build the view (see [`super::build`]).
@@ -12,27 +13,132 @@ use std::path::{Path, PathBuf};
 
 use crate::paths::normalize;
 
-/// Capabilities known drivers cannot start without, kept on top of `capabilities` (least
-/// authority: each gets what it needs, found by running it): ntfs-3g drops its supplementary
-/// groups at start (`setgroups`), and exits if it cannot.
-const BUILT_IN_CAPABILITIES: &[(&str, &[&str])] = &[
-    ("ntfs-3g", &["CAP_SETGID"]),
-    ("mount.ntfs-3g", &["CAP_SETGID"]),
-    ("lowntfs-3g", &["CAP_SETGID"]),
-    ("mount.lowntfs-3g", &["CAP_SETGID"]),
+/// What rebound knows a packaged driver needs beyond what its command line names (least
+/// authority: each gets what it needs, found by running it), kept on top of the config.
+pub struct KnownDriver {
+    /// Its program names.
+    pub programs: &'static [&'static str],
+    /// Capabilities it cannot do without.
+    pub capabilities: &'static [&'static str],
+    /// Directories under `$HOME` it writes (made if missing).
+    pub home_dirs: &'static [&'static str],
+    /// Why, for the log.
+    pub why: &'static str,
+}
+
+const KNOWN_DRIVERS: &[KnownDriver] = &[
+    KnownDriver {
+        programs: &["ntfs-3g", "mount.ntfs-3g", "lowntfs-3g", "mount.lowntfs-3g"],
+        capabilities: &["CAP_SETGID"],
+        home_dirs: &[],
+        why: "it drops its supplementary groups at start (setgroups), and exits if it cannot",
+    },
+    KnownDriver {
+        programs: &["rclone"],
+        capabilities: &[],
+        home_dirs: &[".cache/rclone"],
+        why: "its VFS cache lives there (--vfs-cache-mode); without it, writes fail",
+    },
 ];
 
-/// What [`BUILT_IN_CAPABILITIES`] gives the driver `argv` runs.
-pub fn built_in_capabilities(argv: &[OsString]) -> &'static [&'static str] {
+/// rebound's profile of the driver `argv` runs, if it knows it.
+pub fn known_driver(argv: &[OsString]) -> Option<&'static KnownDriver> {
     let program = argv
         .first()
         .and_then(|p| Path::new(p).file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    BUILT_IN_CAPABILITIES
+    KNOWN_DRIVERS
         .iter()
-        .find(|(name, _)| *name == program)
-        .map_or(&[], |(_, caps)| caps)
+        .find(|d| d.programs.contains(&program.as_str()))
+}
+
+impl KnownDriver {
+    /// The directories it writes, made if missing (a bind needs its source).
+    pub fn writable_paths(&self) -> Vec<PathBuf> {
+        let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) else {
+            return Vec::new();
+        };
+        self.home_dirs
+            .iter()
+            .map(|dir| Path::new(&home).join(dir))
+            .filter(|dir| std::fs::create_dir_all(dir).is_ok())
+            .collect()
+    }
+}
+
+/// What a driver given a host directory to serve needs to act there for every user, as it
+/// does when it runs directly as root: set owners, pass permission checks, keep set-id bits,
+/// make device nodes, set file capabilities and the immutable flag. Without them a POSIX
+/// suite run as several users differs from the direct mount in 69 test files, with them in
+/// none. `open_by_handle_at`, which `CAP_DAC_READ_SEARCH` would open to the whole host
+/// file system, stays denied by the filter.
+pub const FILE_CAPABILITIES: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_MKNOD",
+    "CAP_SETFCAP",
+    "CAP_LINUX_IMMUTABLE",
+];
+
+/// The capabilities derived from the command line when `capabilities` is unset, and the
+/// directory that made them needed: [`FILE_CAPABILITIES`] for a driver given a directory
+/// (a passthrough, an overlay, an encrypted tree), none for one whose store is an image, a
+/// device or a remote host (ownership lives inside its store).
+pub fn derived_capabilities(
+    argv: &[OsString],
+    cwd: &Path,
+    mountpoint: Option<&Path>,
+) -> (&'static [&'static str], Option<PathBuf>) {
+    // A remote's path (`user@host:/srv`, rclone's `remote:dir`) is not served from here,
+    // even when the same path exists locally.
+    let is_remote = |arg: &OsString| {
+        let bytes = arg.as_bytes();
+        bytes.iter().position(|&b| b == b':').is_some_and(|colon| {
+            let host = &bytes[..colon];
+            !host.is_empty()
+                && !host.contains(&b'/')
+                && !host.contains(&b'=')
+                && (host.contains(&b'@') || !cwd.join(OsStr::from_bytes(host)).exists())
+        })
+    };
+    let local: Vec<OsString> = argv.iter().filter(|a| !is_remote(a)).cloned().collect();
+    let served = named_paths(&local, cwd, mountpoint)
+        .into_iter()
+        .find(|(path, meta)| {
+            meta.is_dir() && !["/dev", "/proc", "/sys"].iter().any(|s| path.starts_with(s))
+        });
+    match served {
+        Some((path, _)) => (FILE_CAPABILITIES, Some(path)),
+        None => (&[], None),
+    }
+}
+
+/// Where a driver starting for the first time will likely mount: its last positional
+/// argument (the convention of libfuse, go-fuse, fuser and rclone alike), if that is an
+/// empty directory. It is not bound into the view (a bind is a mount there, which drivers
+/// such as rclone refuse to mount over), and it gets no capabilities derived.
+pub fn likely_mountpoint(argv: &[OsString], cwd: &Path) -> Option<PathBuf> {
+    let mut last = None;
+    let mut after_option = false;
+    for arg in argv.iter().skip(1) {
+        let bytes = arg.as_bytes();
+        if bytes.starts_with(b"-") {
+            // `-o opts` and `--name value` take the next argument; `-f`, `--name=v` do not.
+            after_option = bytes == b"-o" || (bytes.starts_with(b"--") && !bytes.contains(&b'='));
+            continue;
+        }
+        if !after_option {
+            last = Some(arg);
+        }
+        after_option = false;
+    }
+    let path = normalize(&cwd.join(last?));
+    let empty = std::fs::read_dir(&path).ok()?.next().is_none();
+    (empty && path != Path::new("/")).then_some(path)
 }
 
 /// Every existing path named on the command line, alone or as the value of an option
@@ -121,6 +227,52 @@ mod tests {
             vec![dir.clone()]
         );
         assert!(command_line_paths(&argv, Path::new("/"), Some(&dir)).is_empty());
+    }
+
+    #[test]
+    fn the_mount_point_is_the_last_positional_empty_directory() {
+        let tmp = std::env::temp_dir();
+        let (src, mnt) = (tmp.join("rebound-guess-src"), tmp.join("rebound-guess-mnt"));
+        for dir in [&src, &mnt] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(src.join("f"), b"x").unwrap();
+        let argv = |args: &[&str]| -> Vec<OsString> { args.iter().map(Into::into).collect() };
+        let (s, m) = (src.to_str().unwrap(), mnt.to_str().unwrap());
+        let cwd = Path::new("/");
+        for args in [
+            vec!["drv", s, m],
+            vec!["drv", s, m, "-o", "fakeroot"],
+            vec!["rclone", "mount", "--vfs-cache-mode", "writes", s, m],
+            vec!["drv", "-f", m],
+        ] {
+            assert_eq!(
+                likely_mountpoint(&argv(&args), cwd),
+                Some(mnt.clone()),
+                "{args:?}"
+            );
+        }
+        // Not empty, or not a directory: not a mount point to guess.
+        assert_eq!(likely_mountpoint(&argv(&["drv", m, s]), cwd), None);
+        assert_eq!(likely_mountpoint(&argv(&["drv", "/dev/null"]), cwd), None);
+        // A directory to serve, beside the mount point, is what derives capabilities.
+        let guess = likely_mountpoint(&argv(&["drv", s, m]), cwd);
+        let (caps, why) = derived_capabilities(&argv(&["drv", s, m]), cwd, guess.as_deref());
+        assert_eq!((caps, why), (FILE_CAPABILITIES, Some(src.clone())));
+        let remote = format!("root@127.0.0.1:{s}");
+        let args = argv(&["sshfs", &remote, m]);
+        assert_eq!(derived_capabilities(&args, cwd, None), (&[][..], None));
+        let image = src.join("f");
+        let args = argv(&["fuse2fs", image.to_str().unwrap(), m]);
+        let guess = likely_mountpoint(&args, cwd);
+        assert_eq!(
+            derived_capabilities(&args, cwd, guess.as_deref()),
+            (&[][..], None)
+        );
+        std::fs::remove_file(&image).unwrap();
+        for dir in [&src, &mnt] {
+            std::fs::remove_dir(dir).unwrap();
+        }
     }
 
     #[test]

@@ -26,6 +26,7 @@ use rebound_sys::seccomp::{self, Notification};
 use rustix::io::Errno;
 
 use crate::proxy::{Channel, Proxy};
+use crate::sandbox;
 use crate::supervisor::process;
 use crate::supervisor::targets::{self, Verdict};
 
@@ -42,6 +43,8 @@ pub enum Intercepted {
     },
     /// The driver unmounted rebound's mount.
     Unmounted,
+    /// A system call the sandbox denies, failed with `EPERM`: its name.
+    Denied(&'static str),
     /// Anything else: answered, nothing to do.
     Other,
 }
@@ -123,6 +126,10 @@ pub fn handle(
         handle_clone(listener, notif, served.map(|s| s.channel_inode))
     } else if nr == seccomp::NR_SPLICE {
         handle_splice(listener, notif, served)
+    } else if let Some(name) = sandbox::denied_name(nr) {
+        // Only the deny list's calls reach this point (the filter reports nothing else).
+        seccomp::respond(listener, notif.id, -1, Errno::PERM.raw_os_error())
+            .map(|_| Intercepted::Denied(name))
     } else {
         seccomp::respond_continue(listener, notif.id).map(|_| Intercepted::Other)
     };
@@ -173,6 +180,7 @@ fn handle_mount(
         // The mount is rebound's and stays; the new driver gets a channel to it.
         return match reattach(listener, notif, &call) {
             Ok((channel, channel_inode)) => {
+                show_to_helper(notif.pid, &call.target);
                 seccomp::respond(listener, notif.id, 0, 0)?;
                 Ok(Intercepted::Reattached {
                     channel,
@@ -209,6 +217,25 @@ fn handle_mount(
             Ok(Intercepted::Other)
         }
     }
+}
+
+/// Shows the mount at `target` to a caller that is a mount helper (`fusermount3`), in its
+/// namespace: the driver that called the helper may check its mount by using it (go-fuse
+/// opens a file in it) or by finding it in its mount table (rclone). A driver that mounts by
+/// itself does not look at its mount afterwards, and the copy would only keep the connection
+/// alive after the host's mount is gone. Returns whether the caller is a helper.
+fn show_to_helper(pid: u32, target: &Path) -> bool {
+    let by_helper = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .is_ok_and(|name| name.starts_with("fusermount"));
+    if by_helper {
+        if let Err(e) = show_in_callers_namespace(pid, target) {
+            tracing::warn!(
+                "could not show {} in the driver's mount namespace: {e}",
+                target.display()
+            );
+        }
+    }
+    by_helper
 }
 
 /// A caller in a mount namespace of its own (its sandbox) does not see mounts made in
@@ -287,7 +314,11 @@ pub fn attach_standby(
     listener: BorrowedFd<'_>,
     notif: &Notification,
 ) -> io::Result<Option<(OwnedFd, u64)>> {
-    let attached = read_mount_call(notif).and_then(|call| reattach(listener, notif, &call));
+    let attached = read_mount_call(notif).and_then(|call| {
+        let channel = reattach(listener, notif, &call)?;
+        show_to_helper(notif.pid, &call.target);
+        Ok(channel)
+    });
     match attached {
         Ok(channel) => {
             seccomp::respond(listener, notif.id, 0, 0)?;
@@ -330,18 +361,7 @@ fn mount_for_driver(
         .inspect_err(|_| {
             let _ = rustix::mount::unmount(&call.target, rustix::mount::UnmountFlags::DETACH);
         })?;
-    let by_helper = std::fs::read_to_string(format!("/proc/{}/comm", notif.pid))
-        .is_ok_and(|name| name.starts_with("fusermount"));
-    // A driver that mounts by itself does not look at its mount afterwards; the copy would
-    // only keep the connection alive after the host's mount is gone.
-    if by_helper {
-        if let Err(e) = show_in_callers_namespace(notif.pid, &call.target) {
-            tracing::warn!(
-                "could not show {} in the driver's mount namespace: {e}",
-                call.target.display()
-            );
-        }
-    }
+    let by_helper = show_to_helper(notif.pid, &call.target);
     Ok(Mount {
         mountpoint: call.target.clone(),
         fstype: String::from_utf8_lossy(&fstype).into_owned(),

@@ -15,7 +15,7 @@ mod process;
 mod standby;
 mod targets;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -163,6 +163,8 @@ struct Run<'a> {
     standby_kind: Result<standby::StandbyKind, String>,
     /// The driver's image and its last checkpoint, if `image` is set.
     image: Option<Arc<ImageCheckpoint>>,
+    /// The denied system calls already logged (each once: a driver may retry one in a loop).
+    denied_logged: BTreeSet<&'static str>,
 }
 
 /// Runs `argv` as a FUSE driver behind rebound until the mount ends. Returns the exit code.
@@ -277,14 +279,24 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         standby_pace: standby::StandbyPace::new(),
         standby_kind: standby::kind(config, argv),
         image,
+        denied_logged: BTreeSet::new(),
     };
-    let built_in = crate::sandbox::named::built_in_capabilities(argv);
-    if !built_in.is_empty() && config.sandbox.profile != Profile::Off {
-        tracing::info!(
-            "sandbox: {} keeps {} (rebound's profile of it)",
-            run.driver_name,
-            built_in.join(", ")
-        );
+    if let Some(known) = crate::sandbox::named::known_driver(argv) {
+        if config.sandbox.profile != Profile::Off {
+            let paths: Vec<String> = known.home_dirs.iter().map(|d| format!("~/{d}")).collect();
+            tracing::info!(
+                "sandbox: {} keeps {} (rebound's profile of it: {})",
+                run.driver_name,
+                known
+                    .capabilities
+                    .iter()
+                    .copied()
+                    .chain(paths.iter().map(|p| p.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                known.why
+            );
+        }
     }
     match &run.standby_kind {
         Err(why) => tracing::info!("no standby successor: {why}"),
@@ -614,6 +626,14 @@ impl Run<'_> {
                 if !matches!(self.phase, Phase::Stopping { .. }) {
                     tracing::info!("the driver unmounted its file system");
                     self.phase = self.stopping(false, 0);
+                }
+            }
+            Intercepted::Denied(name) => {
+                if self.denied_logged.insert(name) {
+                    tracing::warn!(
+                        "the sandbox denied the system call `{name}` to the driver (EPERM); \
+                         `[sandbox] allow_syscalls = [\"{name}\"]` allows it"
+                    );
                 }
             }
             Intercepted::Other => {}
@@ -1141,16 +1161,12 @@ impl Run<'_> {
                 if self.promote_standby(now)? {
                     return Ok(());
                 }
-                // A driver that mounts through fusermount checks its mount by using it (go-fuse
-                // opens a file in it), so it must see it; one that mounts by itself restarts
-                // where the mount point is not mounted (see `start_driver`).
-                let mountpoint = self
-                    .served
-                    .as_ref()
-                    .map(|s| (s.mountpoint.clone(), s.mounted_by_helper));
+                // The new driver starts where the mount point is not mounted, as at its first
+                // start (see `start_driver`); one that mounts through fusermount is shown the
+                // mount once its mount(2) is answered (see `intercept`).
+                let mountpoint = self.served.as_ref().map(|s| s.mountpoint.clone());
                 let view = match &mountpoint {
-                    Some((m, true)) => MountPoint::Visible(m),
-                    Some((m, false)) => MountPoint::Hidden(m),
+                    Some(m) => MountPoint::Hidden(m),
                     None => MountPoint::Unknown,
                 };
                 self.watch.driver_started(self.cgroup.as_ref());
@@ -1275,9 +1291,6 @@ impl Run<'_> {
         let Some(s) = self.served.as_ref().filter(|s| s.mounted_by_helper) else {
             return;
         };
-        if self.config.sandbox.profile == Profile::Off {
-            return;
-        }
         let needle = format!(" {} ", s.mountpoint.display());
         let mounted = std::fs::read_to_string("/proc/self/mountinfo")
             .map(|t| t.lines().any(|l| l.contains(&needle)))

@@ -334,11 +334,7 @@ impl Run<'_> {
             return;
         };
         // The view a restarted driver gets (see `start_driver`).
-        let view = if s.mounted_by_helper {
-            MountPoint::Visible(&s.mountpoint)
-        } else {
-            MountPoint::Hidden(&s.mountpoint)
-        };
+        let view = MountPoint::Hidden(&s.mountpoint);
         let label = Arc::new(Mutex::new(format!("{} (standby)", s.mountpoint.display())));
         let started = start_driver(
             self.config,
