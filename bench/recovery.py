@@ -46,7 +46,7 @@ from run import (REPO, load, machine_meta, plot_with_matplotlib,  # noqa: E402  
 DRIVERS = ("fuse2fs", "passthrough_ll", "sshfs", "gofuse")
 # Also measurable (not by default): the packaged drivers of tests/e2e/test_drivers.py.
 MORE_DRIVERS = ("bindfs", "mergerfs", "unionfs", "fuse-overlayfs", "gocryptfs", "securefs",
-                "ntfs-3g")
+                "ntfs-3g", "encfs", "rclone", "fuser")
 LABELS = {"gofuse": "go-fuse loopback"}
 FILE_SIZE = 1024
 
@@ -60,7 +60,9 @@ def config(driver, m):
     if driver == "fuse2fs":
         text += (f'redo_log = true\nimage = "{m.img}"\ncheckpoint_interval_ms = 200\n'
                  'checkpoint_changes = 64\n')
-    if driver == "fuse-overlayfs":  # see tests/e2e/test_drivers.py's DRIVER_CONFIG
+    if driver == "rclone":  # see tests/e2e/test_drivers.py's DRIVER_CONFIG
+        text += 'standby = "off"\n'
+    if driver == "fuse-overlayfs":
         text += '[sandbox]\nprofile = "off"\n'
     return text
 

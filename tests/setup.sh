@@ -4,6 +4,8 @@
 #   passthrough_ll, passthrough_fh   libfuse 3's examples, from libfuse3-dev's docs
 #   gofuse-loopback                  tests/fixtures/gofuse-loopback (go-fuse, via fusermount3)
 #   half_rename.so                   tests/fixtures/half_rename.c (a driver dying mid-rename)
+#   fuser-simple                     the `simple` example of the fuser crate (Rust), built from
+#                                    its crates.io package
 # and unpacks the C code base the benchmark compiles (bench/run.py, workload `compile`):
 #   tests/.build/lua-src/            the Lua 5.1-5.4 sources of the `lua-src` crate, fetched with
 #                                    cargo from crates.io (Debian ships no C code base that builds
@@ -71,6 +73,29 @@ if ! up_to_date "$bin/gofuse-loopback" "$gofuse/main.go" "$gofuse/go.mod" "$gofu
   echo "setup: building gofuse-loopback" >&2
   (cd "$gofuse" && go build -buildvcs=false -o "$bin/gofuse-loopback.new" .)
   mv "$bin/gofuse-loopback.new" "$bin/gofuse-loopback"
+fi
+
+# A Rust driver: fuser's `simple` example, unmodified, from the crate's crates.io archive (its
+# examples ship in it), built with its own locked dependencies.
+fuser_crate=fuser-0.15.1
+if [ ! -x "$bin/fuser-simple" ]; then
+  echo "setup: building fuser-simple ($fuser_crate's examples/simple.rs)" >&2
+  fetch="$tests/.build/fuser-fetch"
+  mkdir -p "$fetch/src"
+  printf '[package]\nname = "fuser-fetch"\nversion = "0.0.0"\nedition = "2021"\n\n[dependencies]\nfuser = "=%s"\n\n[workspace]\n' \
+    "${fuser_crate#fuser-}" >"$fetch/Cargo.toml"
+  : >"$fetch/src/lib.rs"
+  cargo fetch --quiet --manifest-path "$fetch/Cargo.toml"
+  archive=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/"$fuser_crate.crate" | head -n 1)
+  src="$tests/.build/$fuser_crate"
+  rm -rf "$src" "$fetch"
+  tar xzf "$archive" -C "$tests/.build"
+  # Its pinned toolchain is not needed (any stable builds it); it is no member of our workspace.
+  rm -f "$src/rust-toolchain"
+  printf '\n[workspace]\n' >>"$src/Cargo.toml"
+  (cd "$src" && cargo build --quiet --release --locked --example simple)
+  cp "$src/target/release/examples/simple" "$bin/fuser-simple"
+  rm -rf "$src"
 fi
 
 # The C code base of the benchmark's compile workload: the sources only (no Makefile; bench/run.py

@@ -16,6 +16,7 @@ import collections
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import threading
@@ -60,9 +61,18 @@ def recovered_from(pid, restarts):
     return lambda s: serving(s) and (s["driver_pid"] != pid or s.get("restarts", 0) > restarts)
 
 
+# How long a process that was sent SIGSEGV may live on before it gets a second one.
+SECOND_SEGV_AFTER = 0.5
+
+
 def signal_descendant(pid, ancestor, sig):
     """Sends sig to pid if it is a live descendant of ancestor. The pidfd is opened first, so
-    the check and the signal are about the same process. Returns False if it is not."""
+    the check and the signal are about the same process. Returns False if it is not.
+
+    A Rust program survives a SIGSEGV sent by kill(2): its standard library catches the first
+    one (to tell a stack overflow), finds no fault, restores the default action and returns.
+    A driver still alive after SECOND_SEGV_AFTER seconds gets a second one, which a fault
+    would have raised again."""
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -71,6 +81,11 @@ def signal_descendant(pid, ancestor, sig):
         if not mounts.alive(pid) or pid not in mounts.descendants(ancestor):
             return False
         signal.pidfd_send_signal(pidfd, sig)
+        if sig == signal.SIGSEGV:
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)  # readable once the process has ended
+            if not poller.poll(SECOND_SEGV_AFTER * 1000):
+                signal.pidfd_send_signal(pidfd, sig)
         return True
     except ProcessLookupError:
         return False

@@ -170,8 +170,9 @@ def probe(path, op):
 class FsOps:
     """The steps, in order. Each returns its outcome or raises OSError (recorded by name)."""
 
-    def __init__(self, root):
+    def __init__(self, root, entries=READDIR_ENTRIES):
         self.d = os.path.join(root, "fsops")
+        self.entries = entries
 
     def p(self, *names):
         return os.path.join(self.d, *names)
@@ -376,7 +377,7 @@ class FsOps:
     # --- readdir --------------------------------------------------------------------------
     def step_readdir_3000(self):
         os.mkdir(self.p("many"))
-        names = [f"entry-{i:05d}" for i in range(READDIR_ENTRIES)]
+        names = [f"entry-{i:05d}" for i in range(self.entries)]
         for name in names:
             os.close(os.open(self.p("many", name), os.O_WRONLY | os.O_CREAT, 0o644))
         listed = sorted(listdir(self.p("many")))
@@ -389,9 +390,9 @@ class FsOps:
         return f"ok n={len(listed)} regular={regular}"
 
     def step_readdir_after_unlink(self):
-        for i in range(0, READDIR_ENTRIES, 3):
+        for i in range(0, self.entries, 3):
             os.unlink(self.p("many", f"entry-{i:05d}"))
-        expected = [f"entry-{i:05d}" for i in range(READDIR_ENTRIES) if i % 3]
+        expected = [f"entry-{i:05d}" for i in range(self.entries) if i % 3]
         listed = sorted(listdir(self.p("many")))
         return f"ok n={len(listed)}" if listed == expected else f"MISMATCH n={len(listed)}"
 
@@ -536,12 +537,13 @@ class FsOps:
 STEP_ORDER = [n for n in FsOps.__dict__ if n.startswith("step_")]
 
 
-def run(root):
-    """Runs every step in root/fsops (which must not exist) and returns [(step, outcome)]."""
+def run(root, entries=READDIR_ENTRIES):
+    """Runs every step in root/fsops (which must not exist) and returns [(step, outcome)];
+    the large directory has `entries` entries."""
     old_umask = os.umask(0o022)
     results = []
     try:
-        for name, fn in FsOps(root).steps():
+        for name, fn in FsOps(root, entries).steps():
             try:
                 outcome = fn()
             except OSError as e:

@@ -247,20 +247,22 @@ def ntfsfix(image):
     return res.returncode == 0, res.stdout + res.stderr
 
 
-# What a read-only image (squashfuse's) holds: a small tree with the kinds of entries the
-# read-only differential test looks at.
+# What a read-only image (squashfuse's, archivemount's) holds: a small tree with the kinds of
+# entries the read-only differential test looks at.
 SQUASHFS_TREE = {"a.txt": b"alpha\n", "dir/b.bin": bytes(range(256)) * 64,
                  "dir/sub/c.txt": b"gamma\n" * 1000, "empty": b""}
 
 
-def make_squashfs(image, tree_dir):
+def make_read_only_image(image, tree_dir, kind):
+    """SQUASHFS_TREE and a symlink, packed by mksquashfs or tar (kind "squashfs", "tar")."""
     for rel, data in SQUASHFS_TREE.items():
         path = tree_dir / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     os.symlink("a.txt", tree_dir / "link")
-    subprocess.run(["mksquashfs", str(tree_dir), str(image), "-quiet", "-noappend"],
-                   check=True, capture_output=True, timeout=60)
+    pack = (["mksquashfs", str(tree_dir), str(image), "-quiet", "-noappend"]
+            if kind == "squashfs" else ["tar", "-cf", str(image), "-C", str(tree_dir), "."])
+    subprocess.run(pack, check=True, capture_output=True, timeout=60)
 
 
 # --- sshd for sshfs -------------------------------------------------------------------------
@@ -344,7 +346,8 @@ def start_sshd():
 # --- drivers --------------------------------------------------------------------------------
 
 # name: (daemonizes by default, backing store: "dir", "image" (ext4), "ntfs", "squashfs",
-# or "cipher" (a directory the driver encrypts into, initialised first))
+# "tar", "cipher" (a directory the driver encrypts into, initialised first) or "own" (a
+# directory the driver keeps in a format of its own))
 DRIVERS = {
     "fuse2fs": (True, "image"),
     "passthrough_ll": (True, "dir"),
@@ -362,13 +365,19 @@ DRIVERS = {
     "securefs": (False, "cipher"),
     "ntfs-3g": (True, "ntfs"),
     "squashfuse": (True, "squashfs"),  # read-only
+    "archivemount": (True, "tar"),     # read-only (it writes an archive back at unmount only)
+    "encfs": (True, "cipher"),
+    "rclone": (False, "dir"),          # rclone mount of a local directory
+    "fuser": (False, "own"),           # fuser's `simple` example (Rust), its data directory
+    "lxcfs": (False, "none"),          # /proc files for containers, on a private mount point
 }
 PASSWORD = "rebound-e2e"
 
 
 def image_path(driver, work, reflink=False):
     """Where a driver's image lives in its work directory."""
-    name = {"ntfs": "ntfs.img", "squashfs": "tree.sqfs"}.get(DRIVERS[driver][1], "disk.img")
+    name = {"ntfs": "ntfs.img", "squashfs": "tree.sqfs", "tar": "tree.tar"}.get(
+        DRIVERS[driver][1], "disk.img")
     return work / ("img" if reflink else "") / name
 
 
@@ -412,6 +421,17 @@ def driver_argv(driver, src, img, mnt, sshd=None):
         return ["securefs", "mount", "--pass", PASSWORD, str(src), str(mnt)]
     if driver in ("ntfs-3g", "squashfuse"):
         return [driver, str(img), str(mnt)]
+    if driver == "archivemount":
+        return ["archivemount", "-o", "readonly", str(img), str(mnt)]
+    if driver == "encfs":
+        return ["encfs", f"--extpass={work / 'password.sh'}", str(src), str(mnt)]
+    if driver == "rclone":
+        return ["rclone", "mount", "--vfs-cache-mode", "writes", str(src), str(mnt)]
+    if driver == "lxcfs":
+        return ["lxcfs", "-p", str(work / "lxcfs.pid"), str(mnt)]
+    if driver == "fuser":
+        return [str(fixture_bin("fuser-simple")), "--data-dir", str(src), "--mount-point",
+                str(mnt)]
     raise ValueError(f"unknown driver {driver}")
 
 
@@ -565,8 +585,8 @@ class Mount:
             make_ext4(self.img, image_size)
         elif store == "ntfs":
             make_ntfs(self.img, image_size)
-        elif store == "squashfs":
-            make_squashfs(self.img, self.work / "tree")
+        elif store in ("squashfs", "tar"):
+            make_read_only_image(self.img, self.work / "tree", store)
         else:
             self.src.mkdir()
             for extra in ("lower", "overlay-work"):
@@ -578,6 +598,16 @@ class Mount:
         if self.driver == "securefs":
             subprocess.run(["securefs", "create", "--pass", PASSWORD, str(self.src)],
                            check=True, capture_output=True, timeout=60)
+        if self.driver == "encfs":
+            # It asks for the password through a program, at each start (each restart too).
+            script = self.work / "password.sh"
+            script.write_text(f"#!/bin/sh\necho {PASSWORD}\n")
+            script.chmod(0o700)
+            scratch = self.work / "encfs-init"
+            scratch.mkdir()
+            subprocess.run(["encfs", "--standard", f"--extpass={script}", str(self.src),
+                            str(scratch)], check=True, capture_output=True, timeout=60)
+            subprocess.run(["fusermount", "-u", str(scratch)], check=True, timeout=60)
 
     def start(self):
         """Starts the driver (under rebound in rebound mode) and waits for the mount."""

@@ -56,7 +56,8 @@ FILE_CAPABILITIES = 0x1f | 1 << 9 | 1 << 27 | 1 << 31
 
 def derived_capabilities(driver):
     """The capabilities rebound derives for driver from its command line."""
-    serves_a_directory = mounts.DRIVERS[driver][1] in ("dir", "cipher") and driver != "sshfs"
+    serves_a_directory = mounts.DRIVERS[driver][1] in ("dir", "cipher", "own") \
+        and driver != "sshfs"
     return FILE_CAPABILITIES if serves_a_directory else 0
 
 

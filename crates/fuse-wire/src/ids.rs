@@ -369,8 +369,10 @@ pub(crate) fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_ne_bytes(bytes.try_into().ok()?))
 }
 
-/// A request of rebound's own to the driver, as the kernel would frame it, with uid, gid and
-/// pid 0. `unique` must not collide with the ids of kernel requests in flight.
+/// A request of rebound's own to the driver, as the kernel would frame it, with uid and gid 0
+/// and the pid of the process making it (a driver that asks who calls finds a live process:
+/// lxcfs answers a caller with pid 0 with EINVAL). `unique` must not collide with the ids of
+/// kernel requests in flight.
 fn own_request(opcode: Opcode, unique: u64, nodeid: u64, body: &[&[u8]]) -> Vec<u8> {
     let len = IN + body.iter().map(|part| part.len()).sum::<usize>();
     let header = InHeader {
@@ -378,6 +380,7 @@ fn own_request(opcode: Opcode, unique: u64, nodeid: u64, body: &[&[u8]]) -> Vec<
         opcode: opcode as u32,
         unique,
         nodeid,
+        pid: std::process::id(),
         ..Default::default()
     };
     let mut msg = Vec::with_capacity(len);
@@ -1067,7 +1070,11 @@ mod tests {
             let req = Request::parse(msg).unwrap();
             assert_eq!(req.opcode, Some(opcode));
             assert_eq!(req.header.unique, unique);
-            assert_eq!((req.header.uid, req.header.gid, req.header.pid), (0, 0, 0));
+            let pid = std::process::id();
+            assert_eq!(
+                (req.header.uid, req.header.gid, req.header.pid),
+                (0, 0, pid)
+            );
             seen(msg, req.id_fields())
         };
 

@@ -6,7 +6,9 @@
 //! allocate (it runs once per request on the hot path).
 
 use crate::abi::{self, size, InHeader, InitIn, IoctlIn, Opcode, ReadIn, WriteIn};
+use crate::ids::read_u32;
 use crate::WireError;
+use std::mem::offset_of;
 use zerocopy::{FromBytes, IntoBytes};
 
 /// A request read from `/dev/fuse`, borrowed from the read buffer.
@@ -55,11 +57,13 @@ impl<'a> Request<'a> {
             Getattr | Setattr => ReplyShape::Attr,
             Open | Opendir => ReplyShape::Open,
             Readlink => ReplyShape::UpTo(abi::PATH_MAX as u32),
+            // Their `size` is where a protocol before 7.9 has it too (its shorter bodies end
+            // after `size` and one more word: fuser's default speaks 7.8).
             Read | Readdir | Readdirplus => {
-                ReplyShape::UpTo(ReadIn::read_from_prefix(self.body).map_or(0, |(r, _)| r.size))
+                ReplyShape::UpTo(read_u32(self.body, offset_of!(ReadIn, size)).unwrap_or(0))
             }
             Write => ReplyShape::Write {
-                max: WriteIn::read_from_prefix(self.body).map_or(0, |(w, _)| w.size),
+                max: read_u32(self.body, offset_of!(WriteIn, size)).unwrap_or(0),
             },
             CopyFileRange => ReplyShape::Write { max: u32::MAX },
             Getxattr | Listxattr => {
@@ -164,6 +168,23 @@ mod tests {
         let req = Request::parse(&buf).unwrap();
         assert_eq!(req.header.unique, 42);
         assert_eq!(req.reply_shape(), ReplyShape::UpTo(4096));
+    }
+
+    #[test]
+    fn a_protocol_before_7_9_bounds_reads_and_writes_too() {
+        // fuse_read_in and fuse_write_in before 7.9: fh, offset, size, one more word.
+        let mut body = Vec::new();
+        body.extend_from_slice(&7u64.to_ne_bytes());
+        body.extend_from_slice(&0u64.to_ne_bytes());
+        body.extend_from_slice(&4096u32.to_ne_bytes());
+        body.extend_from_slice(&0u32.to_ne_bytes());
+        let read = request(Opcode::Read as u32, &body);
+        let req = Request::parse(&read).unwrap();
+        assert_eq!(req.reply_shape(), ReplyShape::UpTo(4096));
+        body.extend_from_slice(&[0u8; 4096]);
+        let write = request(Opcode::Write as u32, &body);
+        let req = Request::parse(&write).unwrap();
+        assert_eq!(req.reply_shape(), ReplyShape::Write { max: 4096 });
     }
 
     #[test]

@@ -48,13 +48,25 @@ const EOWNERDEAD: i32 = 130;
 const ENOTRECOVERABLE: i32 = 131;
 
 /// Whether `errno` as the answer to a request of `opcode` suggests the driver itself is
-/// failing. Requests whose errors are the driver's own business (IOCTL, POLL) and the
-/// session's own (INIT, DESTROY) are never suspect.
+/// failing. Requests whose errors are the driver's own business (IOCTL, POLL), the
+/// session's own (INIT, DESTROY) and attribute queries (GETXATTR, LISTXATTR: a driver
+/// without extended attributes answers them with anything, rclone with EIO, and the kernel
+/// asks for `security.capability` at every write; a wrong answer changes nothing) are never
+/// suspect.
 pub fn is_suspect_error(opcode: Opcode, errno: i32) -> bool {
     use Opcode::*;
     if matches!(
         opcode,
-        Init | Destroy | Interrupt | Ioctl | Poll | Bmap | NotifyReply | Forget | BatchForget
+        Init | Destroy
+            | Interrupt
+            | Ioctl
+            | Poll
+            | Bmap
+            | NotifyReply
+            | Forget
+            | BatchForget
+            | Getxattr
+            | Listxattr
     ) {
         return false;
     }
@@ -80,8 +92,8 @@ pub fn is_suspect_error(opcode: Opcode, errno: i32) -> bool {
         // A detected deadlock is SETLKW's to report.
         EDEADLK => !matches!(opcode, Setlk | Setlkw),
         // "Buffer too small" and "no such attribute" are the xattr protocol.
-        ERANGE => !matches!(opcode, Getxattr | Listxattr),
-        ENODATA => !matches!(opcode, Getxattr | Removexattr),
+        ERANGE => true,
+        ENODATA => opcode != Removexattr,
         // The kernel only sends these for nodes and handles it holds, in directories it holds.
         ENOENT => on_handle || matches!(opcode, Create | Mkdir | Mknod | Symlink),
         ENOTDIR => on_handle || in_directory || matches!(opcode, Getattr | Open | Opendir),
@@ -146,6 +158,8 @@ mod tests {
             (Rmdir, ENOTEMPTY),
             (Getxattr, ERANGE),
             (Getxattr, ENODATA),
+            (Getxattr, EIO),
+            (Listxattr, EIO),
             (Setlkw, EDEADLK),
             (Lseek, ENXIO),
             (Write, EINVAL),

@@ -240,12 +240,18 @@ pub fn build(
         MountPoint::Unknown => likely_mountpoint(argv, &cwd),
         MountPoint::Hidden(_) => None,
     };
-    let known = match mountpoint {
-        MountPoint::Unknown => guessed.as_deref(),
+    let mounted = match mountpoint {
+        MountPoint::Unknown => None,
         MountPoint::Hidden(m) => Some(m),
     };
-    let (derived, serves) = derived_capabilities(argv, &cwd, known);
+    let (derived, serves) = derived_capabilities(argv, &cwd, mounted.or(guessed.as_deref()));
     let driver = known_driver(argv);
+    // The mount point, which is not bound into the view. At a first start only a driver known
+    // to refuse a mount point that is a mount (a bind is one) has its likely one left out: a
+    // wrong guess would leave a directory the driver writes read-only.
+    let known = mounted.or(guessed
+        .as_deref()
+        .filter(|_| driver.is_some_and(|d| d.refuses_a_mounted_mount_point)));
     let kept: Vec<&str> = match &settings.capabilities {
         Some(list) => list.iter().map(String::as_str).collect(),
         None => derived.to_vec(),

@@ -22,6 +22,9 @@ pub struct KnownDriver {
     pub capabilities: &'static [&'static str],
     /// Directories under `$HOME` it writes (made if missing).
     pub home_dirs: &'static [&'static str],
+    /// It refuses to mount where its mount table shows a mount already (see
+    /// [`likely_mountpoint`]).
+    pub refuses_a_mounted_mount_point: bool,
     /// Why, for the log.
     pub why: &'static str,
 }
@@ -31,12 +34,14 @@ const KNOWN_DRIVERS: &[KnownDriver] = &[
         programs: &["ntfs-3g", "mount.ntfs-3g", "lowntfs-3g", "mount.lowntfs-3g"],
         capabilities: &["CAP_SETGID"],
         home_dirs: &[],
+        refuses_a_mounted_mount_point: false,
         why: "it drops its supplementary groups at start (setgroups), and exits if it cannot",
     },
     KnownDriver {
         programs: &["rclone"],
         capabilities: &[],
         home_dirs: &[".cache/rclone"],
+        refuses_a_mounted_mount_point: true,
         why: "its VFS cache lives there (--vfs-cache-mode); without it, writes fail",
     },
 ];
@@ -109,7 +114,10 @@ pub fn derived_capabilities(
     let served = named_paths(&local, cwd, mountpoint)
         .into_iter()
         .find(|(path, meta)| {
-            meta.is_dir() && !["/dev", "/proc", "/sys"].iter().any(|s| path.starts_with(s))
+            meta.is_dir()
+                && !["/dev", "/proc", "/sys"]
+                    .iter()
+                    .any(|s| path.starts_with(s))
         });
     match served {
         Some((path, _)) => (FILE_CAPABILITIES, Some(path)),
@@ -118,9 +126,9 @@ pub fn derived_capabilities(
 }
 
 /// Where a driver starting for the first time will likely mount: its last positional
-/// argument (the convention of libfuse, go-fuse, fuser and rclone alike), if that is an
-/// empty directory. It is not bound into the view (a bind is a mount there, which drivers
-/// such as rclone refuse to mount over), and it gets no capabilities derived.
+/// argument (the convention of libfuse, go-fuse and rclone alike), if that is an empty
+/// directory. No capabilities are derived from it; and for a driver that refuses a mount
+/// point that is a mount (rclone), it is not bound into the view.
 pub fn likely_mountpoint(argv: &[OsString], cwd: &Path) -> Option<PathBuf> {
     let mut last = None;
     let mut after_option = false;
@@ -261,7 +269,11 @@ mod tests {
         assert_eq!((caps, why), (FILE_CAPABILITIES, Some(src.clone())));
         let remote = format!("root@127.0.0.1:{s}");
         let args = argv(&["sshfs", &remote, m]);
-        assert_eq!(derived_capabilities(&args, cwd, None), (&[][..], None));
+        let guess = likely_mountpoint(&args, cwd);
+        assert_eq!(
+            derived_capabilities(&args, cwd, guess.as_deref()),
+            (&[][..], None)
+        );
         let image = src.join("f");
         let args = argv(&["fuse2fs", image.to_str().unwrap(), m]);
         let guess = likely_mountpoint(&args, cwd);

@@ -398,24 +398,11 @@ fn handle_umount(
         seccomp::respond(listener, notif.id, 0, 0)?;
         return Ok(Intercepted::Other);
     }
-    // rebound owns the mount, so rebound unmounts it, with the driver's flags.
-    let flags = rustix::mount::UnmountFlags::from_bits_retain(notif.data.args[1] as _);
-    match rustix::mount::unmount(mountpoint, flags) {
-        Ok(()) => {
-            seccomp::respond(listener, notif.id, 0, 0)?;
-            Ok(Intercepted::Unmounted)
-        }
-        // Already unmounted (by the user, or by rebound on its way out): what the driver
-        // wanted is done, and it should not report a failure for it.
-        Err(Errno::INVAL) => {
-            seccomp::respond(listener, notif.id, 0, 0)?;
-            Ok(Intercepted::Unmounted)
-        }
-        Err(errno) => {
-            seccomp::respond(listener, notif.id, -1, errno.raw_os_error())?;
-            Ok(Intercepted::Other)
-        }
-    }
+    // rebound owns the mount, and unmounts it once the driver has ended cleanly: a driver
+    // that unmounts and then fails (a Rust driver's panic unwinds into its unmount) is
+    // restarted instead. The driver is told the unmount happened.
+    seccomp::respond(listener, notif.id, 0, 0)?;
+    Ok(Intercepted::Unmounted)
 }
 
 /// `ioctl(new_fd, FUSE_DEV_IOC_CLONE, &master)`: a multi-threaded driver (libfuse's

@@ -990,17 +990,39 @@ impl Run<'_> {
             Phase::Stopping {
                 exit_code,
                 driver_initiated,
+                killed,
                 ..
             } => {
+                let failed = self
+                    .driver_exit
+                    .filter(|e| driver_initiated && !killed && *e != Exit::Code(0));
+                // Whether the mount has served: a driver that fails before it answers anything
+                // (sshfs that cannot reach its server) ends the run with its exit status.
+                let served = self.served.as_ref().is_some_and(|s| {
+                    s.proxy
+                        .stats
+                        .replies
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                        > 0
+                });
+                if let (Some(exit), true) = (failed, served) {
+                    // It asked to unmount and then failed: a crash on its way out (a Rust
+                    // driver's panic unwinds into its unmount). The mount is still rebound's:
+                    // the driver is restarted.
+                    self.phase = Phase::Serving;
+                    self.driver_failed(
+                        &format!("driver failed after it asked to unmount ({exit})"),
+                        Cause::Crash,
+                    );
+                    return None;
+                }
                 if let Some(s) = &self.served {
                     log_stats(s);
+                    if driver_initiated {
+                        unmount(&s.mountpoint);
+                    }
                 }
-                // A driver that unmounts and fails (sshfs that cannot reach its server)
-                // has failed, whatever the unmount did.
-                if let Some(exit) = self
-                    .driver_exit
-                    .filter(|e| driver_initiated && *e != Exit::Code(0))
-                {
+                if let Some(exit) = failed {
                     tracing::error!("driver `{driver_name}` failed ({exit})");
                     return Some(exit.shell_code());
                 }
