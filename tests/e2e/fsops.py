@@ -23,6 +23,7 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import json
 import mmap
 import os
 import stat
@@ -33,6 +34,8 @@ import time
 MiB = 1 << 20
 SMALL = b"hello, rebound\n"
 READDIR_ENTRIES = 3000
+# The owner root gives a file in step_other_users: no one who runs fsops.
+OTHER_USER = 65533
 CHILD_TIMEOUT = 30  # seconds a lock-probing child process may take
 
 # Runs in a second process, so that POSIX and flock locks held by the test process conflict.
@@ -352,6 +355,37 @@ class FsOps:
         st = os.stat(self.p("small"))
         return f"ok atime={int(st.st_atime)} mtime={int(st.st_mtime)}"
 
+    def step_other_users(self):
+        """What root may do to a file of another user (set its owner, its mode and its
+        set-id bit, write it whatever its mode: CAP_CHOWN, CAP_FOWNER, CAP_FSETID,
+        CAP_DAC_OVERRIDE in the driver that does it for root), and what another user may not:
+        each attempt's outcome."""
+        path = self.p("others")
+        with open(path, "wb") as f:
+            f.write(b"x")
+        outcomes = []
+
+        def attempt(name, fn):
+            try:
+                value = fn()
+                outcomes.append(f"{name}={'ok' if value is None else value}")
+            except OSError as e:
+                outcomes.append(f"{name}={errname(e)}")
+
+        def owner():
+            st = os.stat(path)
+            return f"{st.st_uid}:{st.st_gid}"
+
+        attempt("chown", lambda: os.chown(path, OTHER_USER, OTHER_USER))
+        attempt("owner", owner)
+        attempt("chmod", lambda: os.chmod(path, 0o600))
+        attempt("write", lambda: open(path, "ab").close())
+        attempt("setuid", lambda: os.chmod(path, 0o6755))
+        attempt("mode", lambda: oct(os.stat(path).st_mode & 0o7777))
+        attempt("chown_back", lambda: os.chown(path, os.geteuid(), os.getegid()))
+        attempt("owner_back", owner)
+        return " ".join(outcomes)
+
     def step_xattr_set_get(self):
         os.setxattr(self.p("small"), "user.rebound", b"value-1")
         return f"ok value={os.getxattr(self.p('small'), 'user.rebound')!r}"
@@ -556,3 +590,27 @@ def run(root, entries=READDIR_ENTRIES):
 
 def format_results(results):
     return [f"{name}: {outcome}" for name, outcome in results]
+
+
+# Who runs fsops besides root: the overflow user, as an application of another user would.
+UNPRIVILEGED = 65534
+
+
+def run_as_user(root, entries=READDIR_ENTRIES, uid=UNPRIVILEGED):
+    """fsops as uid (and its gid) in root/users (made world-writable by root): a
+    semantic difference only another user sees (a driver that lacks the capabilities to act
+    for it) must not hide. The script runs from its source in a child process, so that it
+    needs no file of the checkout that uid may not read."""
+    users = os.path.join(root, "users")
+    os.mkdir(users)
+    os.chmod(users, 0o777)
+    source = open(__file__).read()
+    code = (f"{source}\nimport json\n"
+            f"print(json.dumps(run({users!r}, {entries})))")
+    # The system's interpreter: another one may live where uid cannot reach (pyenv's in /root).
+    python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+    res = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                         user=uid, group=uid, extra_groups=[], cwd="/", timeout=900)
+    if res.returncode != 0:
+        raise RuntimeError(f"fsops as uid {uid} failed:\n{res.stderr[-2000:]}")
+    return [tuple(step) for step in json.loads(res.stdout)]

@@ -381,8 +381,32 @@ def image_path(driver, work, reflink=False):
     return work / ("img" if reflink else "") / name
 
 
-def driver_argv(driver, src, img, mnt, sshd=None):
-    """The driver's own command line, exactly as a user would type it."""
+# How each driver is told to let other users in (allow_other), where the tests need it:
+# arguments to add to its command line, before ("+") or after its others.
+ALLOW_OTHER = {
+    "gofuse": ("+", ["-allow-other"]),
+    "gocryptfs": ("+", ["-allow_other"]),
+    "rclone": ("+", ["--allow-other"]),
+    **{d: ("", ["-o", "allow_other"]) for d in (
+        "fuse2fs", "passthrough_ll", "passthrough_ll-clone_fd", "passthrough_fh", "sshfs",
+        "bindfs", "fuse-overlayfs", "unionfs", "mergerfs", "securefs", "ntfs-3g", "encfs")},
+}
+
+
+def driver_argv(driver, src, img, mnt, sshd=None, allow_other=False):
+    """The driver's own command line, exactly as a user would type it (with allow_other,
+    letting other users in, as ALLOW_OTHER says)."""
+    argv = _driver_argv(driver, src, img, mnt, sshd)
+    if not allow_other:
+        return argv
+    where, extra = ALLOW_OTHER[driver]
+    if where == "+":  # right after the program (and rclone's `mount`)
+        at = 2 if driver == "rclone" else 1
+        return argv[:at] + extra + argv[at:]
+    return argv + extra
+
+
+def _driver_argv(driver, src, img, mnt, sshd=None):
     ll = [str(fixture_bin("passthrough_ll")), "-o", f"source={src}", "-o", "xattr"]
     if driver == "fuse2fs":
         return ["fuse2fs", str(img), str(mnt), "-o", "fakeroot"]
@@ -522,6 +546,7 @@ class Mount:
     # The image lives on a file system that can clone it (scripts/reflink-dir.sh), for
     # rebound's `image` checkpoints.
     reflink: bool = False
+    allow_other: bool = False  # other users may use the mount (see ALLOW_OTHER)
     proc: subprocess.Popen = None  # rebound, or a foreground driver, or a daemonizing one's parent
     driver_pids: list = field(default_factory=list)
     returncode: int = None  # of rebound or of a foreground driver, once stopped
@@ -547,7 +572,8 @@ class Mount:
         return DRIVERS[self.driver][0]
 
     def argv(self):
-        driver = driver_argv(self.driver, self.src, self.img, self.mnt, self.sshd)
+        driver = driver_argv(self.driver, self.src, self.img, self.mnt, self.sshd,
+                             self.allow_other)
         if self.driver_env:
             driver = ["env", *(f"{k}={v}" for k, v in self.driver_env.items())] + driver
         if self.mode == "direct":
@@ -739,13 +765,14 @@ class Mount:
 
 @contextlib.contextmanager
 def mount_driver(driver, mode, *, sshd=None, image_size=64 * MiB, config=None,
-                 after_stop=None, watchdog=WATCHDOG, driver_env=None, reflink=False):
+                 after_stop=None, watchdog=WATCHDOG, driver_env=None, reflink=False,
+                 allow_other=False):
     """Mounts driver in mode ("direct" or "rebound") in a fresh /tmp directory and yields the
     Mount. On a normal exit it stops the mount, asserts a clean stop and calls after_stop(m)
     (to inspect the backing store); in every case it then cleans up."""
     assert mode in MODES, mode
     m = Mount(driver, mode, new_workdir(driver), sshd=sshd, config=config, watchdog=watchdog,
-              driver_env=driver_env, reflink=reflink)
+              driver_env=driver_env, reflink=reflink, allow_other=allow_other)
     try:
         m.prepare(image_size)
         m.start()

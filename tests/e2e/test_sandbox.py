@@ -50,8 +50,9 @@ def proc_status(pid):
 
 
 # What a driver given a directory to serve keeps by default: CAP_CHOWN, CAP_DAC_OVERRIDE,
-# CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_FSETID, CAP_LINUX_IMMUTABLE, CAP_MKNOD, CAP_SETFCAP.
-FILE_CAPABILITIES = 0x1f | 1 << 9 | 1 << 27 | 1 << 31
+# CAP_DAC_READ_SEARCH, CAP_FOWNER, CAP_FSETID, CAP_SETGID, CAP_SETUID, CAP_LINUX_IMMUTABLE,
+# CAP_MKNOD, CAP_SETFCAP.
+FILE_CAPABILITIES = 0xdf | 1 << 9 | 1 << 27 | 1 << 31
 
 
 def derived_capabilities(driver):

@@ -74,16 +74,20 @@ impl KnownDriver {
 
 /// What a driver given a host directory to serve needs to act there for every user, as it
 /// does when it runs directly as root: set owners, pass permission checks, keep set-id bits,
-/// make device nodes, set file capabilities and the immutable flag. Without them a POSIX
-/// suite run as several users differs from the direct mount in 69 test files, with them in
-/// none. `open_by_handle_at`, which `CAP_DAC_READ_SEARCH` would open to the whole host
-/// file system, stays denied by the filter.
+/// make device nodes, set file capabilities and the immutable flag, and take on the caller's
+/// identity for a request (gocryptfs and mergerfs do, with `allow_other`). Without them a
+/// POSIX suite run as several users differs from the direct mount in 69 test files, with
+/// them in none. `open_by_handle_at`, which `CAP_DAC_READ_SEARCH` would open to the whole
+/// host file system, stays denied by the filter; the driver is uid 0 already, so another
+/// identity gives it nothing more.
 pub const FILE_CAPABILITIES: &[&str] = &[
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
     "CAP_DAC_READ_SEARCH",
     "CAP_FOWNER",
     "CAP_FSETID",
+    "CAP_SETGID",
+    "CAP_SETUID",
     "CAP_MKNOD",
     "CAP_SETFCAP",
     "CAP_LINUX_IMMUTABLE",
