@@ -38,14 +38,15 @@ def errno_of(action, path, timeout=10):
 
 
 class Running:
-    """`rebound run -- DRIVER...` in the background, stderr to a file, always cleaned up."""
+    """`rebound run [OPTIONS] -- DRIVER...` in the background, stderr to a file, always
+    cleaned up."""
 
-    def __init__(self, work, driver_argv, config=None, env=None, cwd=None):
+    def __init__(self, work, driver_argv, config=None, env=None, cwd=None, options=()):
         self.work = work
         self.mnt = work / "mnt"
         self.mnt.mkdir(exist_ok=True)
         self.err_path = work / "rebound.stderr"
-        options = []
+        options = list(options)
         if config is not None:
             (work / "rebound.toml").write_text(config)
             options = ["--config", str(work / "rebound.toml")]

@@ -302,6 +302,53 @@ def test_strict_profile_shows_only_what_the_driver_needs(workdir):
         r.cleanup()
 
 
+def test_learning_mode_writes_what_the_driver_used(workdir):
+    """`rebound run --learn FILE`: a driver serving a directory for another user (root sets
+    an owner and writes a 0600 file of someone else) gets FILE with the capabilities it used
+    and the denied calls it made; FILE as the config of the next run gives it exactly those,
+    and the same operations work."""
+    src = workdir / "src"
+    src.mkdir()
+    learned = workdir / "learned.toml"
+    argv = [str(mounts.fixture_bin("passthrough_ll")), "-o", f"source={src}", "-f",
+            str(workdir / "mnt")]
+
+    def act_for_another_user(mnt, name):
+        path = mnt / name
+        path.write_text("x")
+        os.chown(path, 65533, 65533)
+        os.chmod(path, 0o600)
+        with open(path, "a") as f:
+            f.write("y")
+        assert path.read_text() == "xy" and path.stat().st_uid == 65533
+
+    r = Running(workdir, argv, options=["--learn", str(learned)])
+    try:
+        try:
+            r.wait_mounted()
+        except (AssertionError, RuntimeError):
+            if "capability tracepoint" in r.stderr():
+                pytest.skip("no capability:cap_capable tracepoint (Linux 6.14+)")
+            raise
+        act_for_another_user(r.mnt, "first")
+        used = {"CAP_CHOWN", "CAP_DAC_OVERRIDE"}
+        assert mounts.wait_for(lambda: all(c in learned.read_text() for c in used), 10), \
+            learned.read_text()
+    finally:
+        r.cleanup()
+    text = learned.read_text()
+    assert "allow_syscalls = []" in text, text
+    r = Running(workdir, argv, config=text)
+    try:
+        r.wait_mounted()
+        act_for_another_user(r.mnt, "second")
+        kept = int(proc_status(status_of(r.mnt)["driver_pid"])["CapEff"], 16)
+        assert kept & 0b1 and kept & 0b10, hex(kept)  # CAP_CHOWN, CAP_DAC_OVERRIDE
+        assert not kept & (1 << 21) or "CAP_SYS_ADMIN" in text, hex(kept)
+    finally:
+        r.cleanup()
+
+
 @pytest.mark.parametrize("text, key", [
     ("[sandbox]\nprofil = \"strict\"\n", "profil"),
     ("[sandbox]\nprofile = \"lax\"\n", "sandbox.profile"),

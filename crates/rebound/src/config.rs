@@ -12,6 +12,10 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// `rebound run --learn FILE`: where learning mode writes what the driver used (see
+    /// `learn`); not a key of the file.
+    #[serde(skip)]
+    pub learn: Option<PathBuf>,
     /// How long the driver may take from start to `mount(2)` before rebound gives up on it
     /// (it may be a command that is not a FUSE driver at all).
     pub mount_timeout_ms: u64,
@@ -211,6 +215,7 @@ pub enum BudgetPolicy {
 impl Default for Config {
     fn default() -> Self {
         Config {
+            learn: None,
             mount_timeout_ms: 30_000,
             stop_timeout_ms: 60_000,
             request_timeout_ms: 60_000,

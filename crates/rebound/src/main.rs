@@ -7,6 +7,7 @@ mod checkpoint;
 mod config;
 mod control;
 mod inject;
+mod learn;
 mod paths;
 mod proxy;
 mod sandbox;
@@ -40,6 +41,10 @@ enum Verb {
         /// Settings file (TOML); built-in defaults otherwise.
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Learning mode: the driver keeps every capability and no system call is denied, and
+        /// the `[sandbox]` capabilities and system calls it uses are written to FILE.
+        #[arg(long, value_name = "FILE")]
+        learn: Option<PathBuf>,
         /// The driver's own command line, unchanged.
         #[arg(
             required = true,
@@ -136,9 +141,16 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Verb::Run { config, driver } => {
+        Verb::Run {
+            config,
+            learn,
+            driver,
+        } => {
             let config = match config.as_deref().map(Config::load).transpose() {
-                Ok(config) => config.unwrap_or_default(),
+                Ok(config) => Config {
+                    learn,
+                    ..config.unwrap_or_default()
+                },
                 Err(message) => {
                     eprintln!("rebound: {message}");
                     return ExitCode::from(2);

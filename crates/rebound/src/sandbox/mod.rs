@@ -86,6 +86,17 @@ pub const STRICT_DENIED_SYSCALLS: &[(&str, i64)] = &[
     ("personality", libc::SYS_personality),
 ];
 
+/// The capabilities this process may pass on (its permitted set), from `/proc/self/status`.
+fn own_capabilities() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let hex = status.lines().find_map(|l| l.strip_prefix("CapPrm:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .unwrap_or(0)
+}
+
 /// Whether some profile denies the system call `name` (what `allow_syscalls` may name).
 pub fn deniable(name: &str) -> bool {
     DENIED_SYSCALLS
@@ -256,7 +267,10 @@ pub fn build(
         Some(list) => list.iter().map(String::as_str).collect(),
         None => derived.to_vec(),
     };
-    if let (None, Some(dir), MountPoint::Unknown) = (&settings.capabilities, &serves, &mountpoint) {
+    let learning = config.learn.is_some();
+    if let (None, Some(dir), MountPoint::Unknown, false) =
+        (&settings.capabilities, &serves, &mountpoint, learning)
+    {
         tracing::info!(
             "the driver keeps {} to serve {} for every user, as it would as root outside \
              rebound (`[sandbox] capabilities` sets its own list)",
@@ -264,7 +278,10 @@ pub fn build(
             dir.display()
         );
     }
-    sandbox.capabilities = Some(
+    // Learning: every capability rebound has itself, to see which are used.
+    sandbox.capabilities = Some(if config.learn.is_some() {
+        own_capabilities()
+    } else {
         kept.into_iter()
             .chain(
                 driver
@@ -272,8 +289,8 @@ pub fn build(
                     .flat_map(|d| d.capabilities.iter().copied()),
             )
             .filter_map(capability)
-            .fold(0u64, |bits, cap| bits | 1 << cap),
-    );
+            .fold(0u64, |bits, cap| bits | 1 << cap)
+    });
     // Every path bound into the view, and whether the driver may write it; sorted, so that a
     // directory is bound before what lies below it.
     let mut grants: BTreeMap<PathBuf, bool> = BTreeMap::new();

@@ -102,13 +102,16 @@ pub struct Served<'a> {
 /// Handles one notification.
 /// With `sandboxed`, mounts other than FUSE mounts are refused (`EPERM`). `is_driver(tgid)`
 /// says whether a process is the driver's (a call on another process must reach only those).
+/// `modes` is (`sandboxed`, `learning`): with `learning`, a call of the deny list runs (and is
+/// reported).
 pub fn handle(
     listener: BorrowedFd<'_>,
     notif: &Notification,
     served: Option<Served<'_>>,
-    sandboxed: bool,
+    modes: (bool, bool),
     is_driver: impl Fn(i32) -> bool,
 ) -> Intercepted {
+    let (sandboxed, learning) = modes;
     let nr = i64::from(notif.data.nr);
     let ours = served.as_ref().map(|s| s.mountpoint);
     let recovering = served.as_ref().is_some_and(|s| s.recovering);
@@ -127,9 +130,14 @@ pub fn handle(
     } else if nr == seccomp::NR_SPLICE {
         handle_splice(listener, notif, served)
     } else if let Some(name) = sandbox::denied_name(nr) {
-        // Only the deny list's calls reach this point (the filter reports nothing else).
-        seccomp::respond(listener, notif.id, -1, Errno::PERM.raw_os_error())
-            .map(|_| Intercepted::Denied(name))
+        // Only the deny list's calls reach this point (the filter reports nothing else);
+        // while learning, they run.
+        if learning {
+            seccomp::respond_continue(listener, notif.id)
+        } else {
+            seccomp::respond(listener, notif.id, -1, Errno::PERM.raw_os_error())
+        }
+        .map(|_| Intercepted::Denied(name))
     } else {
         seccomp::respond_continue(listener, notif.id).map(|_| Intercepted::Other)
     };

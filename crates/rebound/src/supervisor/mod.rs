@@ -165,6 +165,8 @@ struct Run<'a> {
     image: Option<Arc<ImageCheckpoint>>,
     /// The denied system calls already logged (each once: a driver may retry one in a loop).
     denied_logged: BTreeSet<&'static str>,
+    /// Learning mode's recorder (`--learn`).
+    learner: Option<crate::learn::Learner>,
 }
 
 /// Runs `argv` as a FUSE driver behind rebound until the mount ends. Returns the exit code.
@@ -210,6 +212,16 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
     for part in &program {
         tracing::debug!("sandbox: shows {} ({})", part.path.display(), part.what);
     }
+    // Before the driver starts: its first capability checks count.
+    let learner = match &config.learn {
+        Some(out) => Some(
+            crate::learn::Learner::start(out, argv, |tid| {
+                crate::learn::thread_of(tid, &process::descendants())
+            })
+            .context("learning mode")?,
+        ),
+        None => None,
+    };
     let started = start_driver(
         config,
         argv,
@@ -280,6 +292,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         standby_kind: standby::kind(config, argv),
         image,
         denied_logged: BTreeSet::new(),
+        learner,
     };
     if let Some(known) = crate::sandbox::named::known_driver(argv) {
         if config.sandbox.profile != Profile::Off {
@@ -574,7 +587,14 @@ impl Run<'_> {
                 })
                 .contains(&tgid)
         };
-        match intercept::handle(self.listener.as_fd(), notif, ours, sandboxed, is_driver) {
+        let learning = self.learner.is_some();
+        match intercept::handle(
+            self.listener.as_fd(),
+            notif,
+            ours,
+            (sandboxed, learning),
+            is_driver,
+        ) {
             Intercepted::Mounted(mount) => {
                 *self.log_label.lock().unwrap_or_else(|e| e.into_inner()) =
                     mount.mountpoint.display().to_string();
@@ -629,7 +649,9 @@ impl Run<'_> {
                 }
             }
             Intercepted::Denied(name) => {
-                if self.denied_logged.insert(name) {
+                if let Some(learner) = &self.learner {
+                    learner.syscall(name);
+                } else if self.denied_logged.insert(name) {
                     tracing::warn!(
                         "the sandbox denied the system call `{name}` to the driver (EPERM); \
                          `[sandbox] allow_syscalls = [\"{name}\"]` allows it"

@@ -175,13 +175,13 @@ fn exchange_init(
 impl Standby {
     /// One intercepted call of the standby. Its FUSE mount of `mountpoint` is answered with
     /// a silent channel (`attach`) or held; any other FUSE mount is refused (`EBUSY`: the run
-    /// serves one mount); the rest is handled as for a serving driver. `is_driver` as for
-    /// [`intercept::handle`].
+    /// serves one mount); the rest is handled as for a serving driver. `modes` and
+    /// `is_driver` as for [`intercept::handle`].
     pub fn on_call(
         &mut self,
         mountpoint: &Path,
         attach: bool,
-        sandboxed: bool,
+        modes: (bool, bool),
         is_driver: impl Fn(i32) -> bool,
     ) {
         let Ok(notif) = seccomp::receive(self.listener.as_fd()) else {
@@ -226,7 +226,7 @@ impl Standby {
                 None => {}
             }
         }
-        intercept::handle(self.listener.as_fd(), &notif, None, sandboxed, is_driver);
+        intercept::handle(self.listener.as_fd(), &notif, None, modes, is_driver);
     }
 
     /// Gives it the kernel's INIT (`unique`, `request`) on a thread of its own: a driver may
@@ -384,7 +384,8 @@ impl Run<'_> {
             return;
         };
         let was_mounted = standby.mounted();
-        standby.on_call(&mountpoint, attach, sandboxed, |tgid| {
+        let modes = (sandboxed, self.config.learn.is_some());
+        standby.on_call(&mountpoint, attach, modes, |tgid| {
             cgroup
                 .map_or_else(process::descendants, DriverCgroup::processes)
                 .contains(&tgid)
