@@ -349,6 +349,28 @@ def test_learning_mode_writes_what_the_driver_used(workdir):
         r.cleanup()
 
 
+def test_a_capability_the_sandbox_keeps_from_the_driver_is_named_with_its_key(workdir):
+    """With `capabilities = []`, passthrough_ll cannot set a file's owner for root (EPERM, where
+    the direct mount can); the log says which capability the kernel refused it and which key
+    gives it."""
+    src = workdir / "src"
+    src.mkdir()
+    r = Running(workdir, [str(mounts.fixture_bin("passthrough_ll")), "-o", f"source={src}",
+                          "-f", str(workdir / "mnt")],
+                config="[sandbox]\ncapabilities = []\n")
+    try:
+        r.wait_mounted()
+        (r.mnt / "f").write_text("x")
+        with pytest.raises(PermissionError):
+            os.chown(r.mnt / "f", 65533, 65533)
+        if not Path("/sys/kernel/tracing/events/capability").exists():
+            pytest.skip("no capability:cap_capable tracepoint (Linux 6.14+)")
+        key = '`[sandbox] capabilities` with "CAP_CHOWN" gives it'
+        assert mounts.wait_for(lambda: key in r.stderr(), 10), r.stderr()
+    finally:
+        r.cleanup()
+
+
 @pytest.mark.parametrize("text, key", [
     ("[sandbox]\nprofil = \"strict\"\n", "profil"),
     ("[sandbox]\nprofile = \"lax\"\n", "sandbox.profile"),

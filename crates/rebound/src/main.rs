@@ -2,12 +2,12 @@
 //! supervisor (`run`), the control socket's client (`status`, `restart`) or the fault injector
 //! (`inject`); nothing else lives here.
 
+mod capability_trace;
 mod cgroup;
 mod checkpoint;
 mod config;
 mod control;
 mod inject;
-mod learn;
 mod paths;
 mod proxy;
 mod sandbox;

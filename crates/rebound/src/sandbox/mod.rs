@@ -87,7 +87,7 @@ pub const STRICT_DENIED_SYSCALLS: &[(&str, i64)] = &[
 ];
 
 /// The capabilities this process may pass on (its permitted set), from `/proc/self/status`.
-fn own_capabilities() -> u64 {
+pub fn own_capabilities() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|status| {

@@ -166,7 +166,7 @@ struct Run<'a> {
     /// The denied system calls already logged (each once: a driver may retry one in a loop).
     denied_logged: BTreeSet<&'static str>,
     /// Learning mode's recorder (`--learn`).
-    learner: Option<crate::learn::Learner>,
+    learner: Option<crate::capability_trace::Learner>,
 }
 
 /// Runs `argv` as a FUSE driver behind rebound until the mount ends. Returns the exit code.
@@ -215,12 +215,24 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
     // Before the driver starts: its first capability checks count.
     let learner = match &config.learn {
         Some(out) => Some(
-            crate::learn::Learner::start(out, argv, |tid| {
-                crate::learn::thread_of(tid, &process::descendants())
+            crate::capability_trace::Learner::start(out, argv, |tid| {
+                crate::capability_trace::thread_of(tid, &process::descendants())
             })
             .context("learning mode")?,
         ),
         None => None,
+    };
+    // Otherwise, what the sandbox keeps from the driver and the kernel then refuses it is
+    // logged, once each (where the kernel can trace it).
+    let _refusals = match (&learner, config.sandbox.profile) {
+        (None, Profile::Default | Profile::Strict) => {
+            crate::capability_trace::RefusalLog::start(crate::sandbox::own_capabilities(), |tid| {
+                crate::capability_trace::thread_of(tid, &process::descendants())
+            })
+            .inspect_err(|e| tracing::debug!("capability refusals are not logged: {e:#}"))
+            .ok()
+        }
+        _ => None,
     };
     let started = start_driver(
         config,

@@ -1,0 +1,340 @@
+//! The driver's capability checks, traced (the kernel's `capability:cap_capable` tracepoint,
+//! Linux 6.14+, through a tracefs instance of rebound's own), for two uses:
+//! - learning mode (`rebound run --learn FILE`): the driver runs in its usual view with every
+//!   capability rebound has and no system call denied; the capabilities the kernel granted it
+//!   and the calls of the deny list it made (reported by the filter, then let through) are
+//!   written to FILE as a `[sandbox]` section, rewritten at each new one so that it is
+//!   complete however the run ends;
+//! - otherwise, each capability the sandbox kept from the driver and that the kernel then
+//!   refused it is logged once, with the key that gives it: a driver failing with `EPERM` is
+//!   explained by rebound, not only by its own puzzling error.
+//!
+//! Owns: the tracefs instance, the reading thread, the learned sets and the file.
+//! Must not: grant anything (the sandbox does, from the config) or decide what a driver
+//! should have: it writes what was used, for the operator to review.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsString;
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use rebound_sys::sandbox::CAPABILITY_NAMES;
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+/// The instances rebound makes are named this, then the pid of the `rebound run`.
+const INSTANCE_PREFIX: &str = "rebound-";
+
+/// A tracefs instance tracing capability checks, and the thread that reads it and hands each
+/// check of a driver thread to its callback. Removed when dropped.
+struct CapabilityTrace {
+    stop: Arc<AtomicBool>,
+    instance: PathBuf,
+}
+
+impl CapabilityTrace {
+    /// `is_driver(tid)` says whether a thread is one of the driver's (its helpers' included);
+    /// `on_check(capability, granted)` gets each check of one. Fails when tracefs or the
+    /// tracepoint is missing.
+    fn start(
+        is_driver: impl Fn(i32) -> bool + Send + 'static,
+        on_check: impl FnMut(&'static str, bool) + Send + 'static,
+    ) -> anyhow::Result<CapabilityTrace> {
+        let root = Path::new(TRACEFS);
+        if !root.join("instances").exists() {
+            rustix::mount::mount(
+                "tracefs",
+                root,
+                "tracefs",
+                rustix::mount::MountFlags::empty(),
+                c"",
+            )
+            .with_context(|| format!("mounting tracefs on {TRACEFS}"))?;
+        }
+        remove_stale_instances(&root.join("instances"));
+        let instance = root
+            .join("instances")
+            .join(format!("{INSTANCE_PREFIX}{}", std::process::id()));
+        fs::create_dir_all(&instance)
+            .with_context(|| format!("creating {}", instance.display()))?;
+        let trace = CapabilityTrace {
+            stop: Arc::new(AtomicBool::new(false)),
+            instance,
+        };
+        let event = trace.instance.join("events/capability/cap_capable/enable");
+        fs::write(&event, "1").with_context(|| {
+            format!(
+                "enabling {} (the kernel's capability tracepoint, Linux 6.14+)",
+                event.display()
+            )
+        })?;
+        let pipe = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(trace.instance.join("trace_pipe"))
+            .context("opening the trace pipe")?;
+        let stop = trace.stop.clone();
+        std::thread::Builder::new()
+            .name("capability-trace".into())
+            .spawn(move || read_checks(pipe, &stop, is_driver, on_check))?;
+        Ok(trace)
+    }
+}
+
+impl Drop for CapabilityTrace {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = fs::write(
+            self.instance.join("events/capability/cap_capable/enable"),
+            "0",
+        );
+        // The reader closes the pipe within a poll interval; the instance goes after it.
+        for _ in 0..20 {
+            if fs::remove_dir(&self.instance).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Instances left by `rebound run`s that are gone (killed before they could remove theirs).
+fn remove_stale_instances(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(INSTANCE_PREFIX) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = fs::write(
+                entry.path().join("events/capability/cap_capable/enable"),
+                "0",
+            );
+            let _ = fs::remove_dir(entry.path());
+        }
+    }
+}
+
+/// Logs, once each, the capabilities the kernel refused the driver that rebound could have
+/// given it, with the key that does.
+pub struct RefusalLog {
+    _trace: CapabilityTrace,
+}
+
+impl RefusalLog {
+    /// `grantable`: the capabilities rebound itself has (bit n is capability n).
+    pub fn start(
+        grantable: u64,
+        is_driver: impl Fn(i32) -> bool + Send + 'static,
+    ) -> anyhow::Result<RefusalLog> {
+        let mut logged = BTreeSet::new();
+        let trace = CapabilityTrace::start(is_driver, move |cap, granted| {
+            let grantable = capability_number(cap).is_some_and(|n| grantable & (1 << n) != 0);
+            if !granted && grantable && logged.insert(cap) {
+                tracing::info!(
+                    "the kernel refused the driver {cap}, which its sandbox keeps from it; if \
+                     the driver fails for want of it, `[sandbox] capabilities` with \"{cap}\" \
+                     gives it"
+                );
+            }
+        })?;
+        Ok(RefusalLog { _trace: trace })
+    }
+}
+
+fn capability_number(name: &str) -> Option<usize> {
+    CAPABILITY_NAMES.iter().position(|n| *n == name)
+}
+
+/// What a learning run has seen the driver use.
+pub struct Learner {
+    learned: Arc<Mutex<Learned>>,
+    _trace: CapabilityTrace,
+}
+
+struct Learned {
+    out: PathBuf,
+    header: String,
+    capabilities: BTreeSet<&'static str>,
+    syscalls: BTreeSet<&'static str>,
+}
+
+impl Learner {
+    /// Starts recording into `out` what the driver `argv` uses; `is_driver` as for
+    /// [`CapabilityTrace::start`].
+    pub fn start(
+        out: &Path,
+        argv: &[OsString],
+        is_driver: impl Fn(i32) -> bool + Send + 'static,
+    ) -> anyhow::Result<Learner> {
+        let command: Vec<String> = argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let learned = Arc::new(Mutex::new(Learned {
+            out: out.to_path_buf(),
+            header: format!(
+                "# Learned by `rebound run --learn` from: {}\n# What the driver used under the \
+                 workload of that run; review it before use (the kernel also checks some \
+                 capabilities a driver does without).\n",
+                command.join(" ")
+            ),
+            capabilities: BTreeSet::new(),
+            syscalls: BTreeSet::new(),
+        }));
+        learned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .write()
+            .with_context(|| format!("writing {}", out.display()))?;
+        let recorder = learned.clone();
+        let trace = CapabilityTrace::start(is_driver, move |cap, granted| {
+            let mut learned = recorder.lock().unwrap_or_else(|e| e.into_inner());
+            if granted && learned.capabilities.insert(cap) {
+                tracing::info!("learning: the driver uses {cap}");
+                learned.save();
+            }
+        })?;
+        tracing::info!(
+            "learning: the driver keeps every capability and no system call is denied; what \
+             it uses goes to {}",
+            out.display()
+        );
+        Ok(Learner {
+            learned,
+            _trace: trace,
+        })
+    }
+
+    /// A call of the deny list the driver made (let through while learning).
+    pub fn syscall(&self, name: &'static str) {
+        let mut learned = self.learned.lock().unwrap_or_else(|e| e.into_inner());
+        if learned.syscalls.insert(name) {
+            tracing::info!("learning: the driver calls `{name}`");
+            learned.save();
+        }
+    }
+}
+
+impl Learned {
+    fn write(&self) -> io::Result<()> {
+        let list = |items: &BTreeSet<&str>| {
+            items
+                .iter()
+                .map(|i| format!("\"{i}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let text = format!(
+            "{}[sandbox]\ncapabilities = [{}]\nallow_syscalls = [{}]\n",
+            self.header,
+            list(&self.capabilities),
+            list(&self.syscalls)
+        );
+        let tmp = self.out.with_extension("learning");
+        fs::write(&tmp, text)?;
+        fs::rename(&tmp, &self.out)
+    }
+
+    fn save(&self) {
+        if let Err(e) = self.write() {
+            tracing::warn!("learning: writing {}: {e}", self.out.display());
+        }
+    }
+}
+
+/// Reads the trace pipe until stopped, handing each check of a driver thread to `on_check`.
+fn read_checks(
+    mut pipe: fs::File,
+    stop: &AtomicBool,
+    is_driver: impl Fn(i32) -> bool,
+    mut on_check: impl FnMut(&'static str, bool),
+) {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut pending = String::new();
+    // Whether each thread seen is the driver's, found once (a thread does not change sides).
+    let mut drivers: HashMap<i32, bool> = HashMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        match pipe.read(&mut buf) {
+            Ok(0) => std::thread::sleep(Duration::from_millis(100)),
+            Ok(n) => {
+                pending.push_str(&String::from_utf8_lossy(&buf[..n]));
+                while let Some(end) = pending.find('\n') {
+                    let line: String = pending.drain(..=end).collect();
+                    let Some((tid, cap, granted)) = parse_check(&line) else {
+                        continue;
+                    };
+                    if *drivers.entry(tid).or_insert_with(|| is_driver(tid)) {
+                        on_check(cap, granted);
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => {
+                tracing::warn!("reading the capability trace: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// The thread, the capability and whether it was granted, of one check (a `cap_capable`
+/// line of the trace), unless it is rebound's own (the sandbox's set-up before the driver's
+/// exec still runs as `rebound`).
+/// `  fuse2fs-1234  [001] ..... 12.5: cap_capable: cred 0x.., ..., cap 21, ret 0`
+fn parse_check(line: &str) -> Option<(i32, &'static str, bool)> {
+    let (task, event) = line.split_once(" [")?;
+    let (comm, tid) = task.trim().rsplit_once('-')?;
+    if comm == "rebound" {
+        return None;
+    }
+    let fields = event.split_once("cap_capable:")?.1;
+    let field = |name: &str| {
+        fields
+            .split(", ")
+            .find_map(|f| f.trim().strip_prefix(name))
+            .and_then(|v| v.trim().parse::<i64>().ok())
+    };
+    let granted = field("ret ")? == 0;
+    let cap = usize::try_from(field("cap ")?).ok()?;
+    Some((tid.parse().ok()?, CAPABILITY_NAMES.get(cap)?, granted))
+}
+
+/// Whether thread `tid` belongs to a process of `pids`.
+pub fn thread_of(tid: i32, pids: &[i32]) -> bool {
+    let status = fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|t| t.trim().parse::<i32>().ok())
+        .is_some_and(|tgid| pids.contains(&tgid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_are_read_from_trace_lines() {
+        let line = "   fuse2fs-1234    [001] ..... 12.500: cap_capable: cred 0000000012345678, \
+                    target_ns 00000000abcd, capable_ns 00000000abcd, cap 0, ret 0\n";
+        assert_eq!(parse_check(line), Some((1234, "CAP_CHOWN", true)));
+        let own = line.replace("fuse2fs-1234", "rebound-77");
+        assert_eq!(parse_check(&own), None);
+        let dashed = line.replace("fuse2fs-1234", "mount.ntfs-3g-99");
+        assert_eq!(parse_check(&dashed), Some((99, "CAP_CHOWN", true)));
+        let refused = line.replace("ret 0", "ret -1");
+        assert_eq!(parse_check(&refused), Some((1234, "CAP_CHOWN", false)));
+        assert_eq!(parse_check("# tracer: nop\n"), None);
+    }
+}
