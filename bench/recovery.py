@@ -62,8 +62,6 @@ def config(driver, m):
                  'checkpoint_changes = 64\n')
     if driver == "rclone":  # see tests/e2e/test_drivers.py's DRIVER_CONFIG
         text += 'standby = "off"\n'
-    if driver == "fuse-overlayfs":
-        text += '[sandbox]\nprofile = "off"\n'
     return text
 
 

@@ -313,10 +313,28 @@ pub fn build(
     for path in driver.map(|d| d.writable_paths()).unwrap_or_default() {
         grant(path, true);
     }
+    if let Some(dir) = driver.and_then(|d| d.one_mount_dir(argv, &cwd)) {
+        grant(dir, true);
+    }
     if settings.command_line_paths {
         for path in command_line_paths(argv, &cwd, known) {
             grant(path, true);
         }
+    }
+    // A writable path inside another is bound with it: a bind of its own would be a mount
+    // of its own, and a rename between the two would fail (EXDEV).
+    let nested: Vec<PathBuf> = grants
+        .iter()
+        .filter(|&(path, &writable)| {
+            writable
+                && grants
+                    .iter()
+                    .any(|(outer, &w)| w && outer != path && path.starts_with(outer))
+        })
+        .map(|(path, _)| path.clone())
+        .collect();
+    for path in nested {
+        grants.remove(&path);
     }
     // Reported at a first start only; a restart's would be the same.
     let hidden = match mountpoint {

@@ -25,6 +25,9 @@ pub struct KnownDriver {
     /// It refuses to mount where its mount table shows a mount already (see
     /// [`likely_mountpoint`]).
     pub refuses_a_mounted_mount_point: bool,
+    /// Options (`-o name=DIR`) whose directories must be in one mount of its view (it renames
+    /// from one to the other): their closest common directory is bound instead.
+    pub one_mount: &'static [&'static str],
     /// Why, for the log.
     pub why: &'static str,
 }
@@ -35,6 +38,7 @@ const KNOWN_DRIVERS: &[KnownDriver] = &[
         capabilities: &["CAP_SETGID"],
         home_dirs: &[],
         refuses_a_mounted_mount_point: false,
+        one_mount: &[],
         why: "it drops its supplementary groups at start (setgroups), and exits if it cannot",
     },
     KnownDriver {
@@ -42,7 +46,16 @@ const KNOWN_DRIVERS: &[KnownDriver] = &[
         capabilities: &[],
         home_dirs: &[".cache/rclone"],
         refuses_a_mounted_mount_point: true,
+        one_mount: &[],
         why: "its VFS cache lives there (--vfs-cache-mode); without it, writes fail",
+    },
+    KnownDriver {
+        programs: &["fuse-overlayfs"],
+        capabilities: &[],
+        home_dirs: &[],
+        refuses_a_mounted_mount_point: false,
+        one_mount: &["upperdir", "workdir"],
+        why: "it renames from its work directory to its upper one, so both are bound as one",
     },
 ];
 
@@ -59,6 +72,31 @@ pub fn known_driver(argv: &[OsString]) -> Option<&'static KnownDriver> {
 }
 
 impl KnownDriver {
+    /// The closest directory that holds every directory of its [`KnownDriver::one_mount`]
+    /// options on the command line `argv` (run in `cwd`), unless that is `/`.
+    pub fn one_mount_dir(&self, argv: &[OsString], cwd: &Path) -> Option<PathBuf> {
+        let mut dirs = argv.iter().flat_map(|arg| {
+            arg.as_bytes()
+                .split(|&b| b == b',')
+                .filter_map(|option| {
+                    let eq = option.iter().position(|&b| b == b'=')?;
+                    let name = std::str::from_utf8(&option[..eq]).ok()?;
+                    self.one_mount.contains(&name).then(|| {
+                        normalize(&cwd.join(Path::new(OsStr::from_bytes(&option[eq + 1..]))))
+                    })
+                })
+                .collect::<Vec<_>>()
+        });
+        let first = dirs.next()?;
+        let common = dirs.fold(first, |common, dir| {
+            common
+                .ancestors()
+                .find(|a| dir.starts_with(a))
+                .map_or_else(|| PathBuf::from("/"), Path::to_path_buf)
+        });
+        (common != Path::new("/")).then_some(common)
+    }
+
     /// The directories it writes, made if missing (a bind needs its source).
     pub fn writable_paths(&self) -> Vec<PathBuf> {
         let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) else {
@@ -289,6 +327,30 @@ mod tests {
         for dir in [&src, &mnt] {
             std::fs::remove_dir(dir).unwrap();
         }
+    }
+
+    #[test]
+    fn an_overlays_upper_and_work_directories_are_bound_as_one() {
+        let argv: Vec<OsString> = [
+            "fuse-overlayfs",
+            "-o",
+            "lowerdir=/l,upperdir=/srv/c/upper,workdir=/srv/c/work",
+            "/mnt",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        let overlay = known_driver(&argv).unwrap();
+        let cwd = Path::new("/");
+        assert_eq!(
+            overlay.one_mount_dir(&argv, cwd),
+            Some(PathBuf::from("/srv/c"))
+        );
+        let apart: Vec<OsString> = ["fuse-overlayfs", "-o", "upperdir=/a/u,workdir=/b/w", "/m"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        assert_eq!(overlay.one_mount_dir(&apart, cwd), None);
     }
 
     #[test]
