@@ -166,9 +166,9 @@ def test_lxcfs_serves_the_same_files_and_is_read_right_while_it_is_killed(mount)
 
 # Drivers whose short kill test is not yet reliable, with what it showed.
 NOT_YET_THROUGH_KILLS = {
-    "gocryptfs": "in 1 of 3 runs (a fresh clone's suite, 2026-11-24) a read through mmap "
-                 "after a kill returned other data at +8212 (1 mismatch in 9,017 operations, "
-                 "13 kills); not yet explained",
+    "gocryptfs": "in 4 of 10 runs (2026-11-25) one read after kills returned a whole 4 KiB "
+                 "block (block-aligned: +270336) as it was before an acknowledged write (1 "
+                 "mismatch in ~10,000 operations, 10 kills); not yet explained",
     "rclone": "its VFS write cache is not crash-safe: a file open for writing at a kill is "
               "known to the new rclone, whose reads of it fail (ENOENT, 'vfs cache: failed to "
               "_ensure cache object not found'); 1 application error at the 1st kill "
