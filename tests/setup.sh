@@ -34,6 +34,19 @@ up_to_date() {
   done
 }
 
+# crate_archive CRATE VERSION: fetches CRATE=VERSION from crates.io into cargo's download cache
+# (through a throw-away manifest) and prints where its archive is.
+crate_archive() {
+  local fetch="$tests/.build/$1-fetch"
+  mkdir -p "$fetch/src"
+  printf '[package]\nname = "%s-fetch"\nversion = "0.0.0"\nedition = "2021"\n\n[dependencies]\n%s = "=%s"\n\n[workspace]\n' \
+    "$1" "$1" "$2" >"$fetch/Cargo.toml"
+  : >"$fetch/src/lib.rs"
+  cargo fetch --quiet --manifest-path "$fetch/Cargo.toml"
+  rm -rf "$fetch"
+  ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/"$1-$2.crate" | head -n 1
+}
+
 examples=/usr/share/doc/libfuse3-dev/examples
 # What libfuse's own build defines on glibc Linux; without them passthrough_fh has no utimens
 # and no xattrs. (HAVE_LIBULOCKMGR stays off: Debian does not ship libulockmgr.)
@@ -80,20 +93,15 @@ fi
 fuser_crate=fuser-0.15.1
 if [ ! -x "$bin/fuser-simple" ]; then
   echo "setup: building fuser-simple ($fuser_crate's examples/simple.rs)" >&2
-  fetch="$tests/.build/fuser-fetch"
-  mkdir -p "$fetch/src"
-  printf '[package]\nname = "fuser-fetch"\nversion = "0.0.0"\nedition = "2021"\n\n[dependencies]\nfuser = "=%s"\n\n[workspace]\n' \
-    "${fuser_crate#fuser-}" >"$fetch/Cargo.toml"
-  : >"$fetch/src/lib.rs"
-  cargo fetch --quiet --manifest-path "$fetch/Cargo.toml"
-  archive=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/"$fuser_crate.crate" | head -n 1)
+  archive=$(crate_archive fuser "${fuser_crate#fuser-}")
   src="$tests/.build/$fuser_crate"
-  rm -rf "$src" "$fetch"
+  rm -rf "$src"
   tar xzf "$archive" -C "$tests/.build"
   # Its pinned toolchain is not needed (any stable builds it); it is no member of our workspace.
   rm -f "$src/rust-toolchain"
   printf '\n[workspace]\n' >>"$src/Cargo.toml"
-  (cd "$src" && cargo build --quiet --release --locked --example simple)
+  # (Its own code's warnings under a newer compiler are not ours to read.)
+  (cd "$src" && RUSTFLAGS="--cap-lints=allow" cargo build --quiet --release --locked --example simple)
   cp "$src/target/release/examples/simple" "$bin/fuser-simple"
   rm -rf "$src"
 fi
@@ -103,16 +111,10 @@ fi
 lua_crate=lua-src-547.0.0
 if [ ! -d "$tests/.build/lua-src" ]; then
   echo "setup: fetching $lua_crate (C sources for the compile benchmark)" >&2
-  manifest="$tests/.build/lua-fetch"
-  mkdir -p "$manifest/src"
-  printf '[package]\nname = "lua-fetch"\nversion = "0.0.0"\nedition = "2021"\n\n[dependencies]\nlua-src = "=%s"\n\n[workspace]\n' \
-    "${lua_crate#lua-src-}" >"$manifest/Cargo.toml"
-  : >"$manifest/src/lib.rs"
-  cargo fetch --quiet --manifest-path "$manifest/Cargo.toml"
-  archive=$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/cache/*/"$lua_crate.crate" | head -n 1)
+  archive=$(crate_archive lua-src "${lua_crate#lua-src-}")
   tmp=$(mktemp -d)
   tar xzf "$archive" -C "$tmp"
   mv "$tmp/$lua_crate" "$tests/.build/lua-src.new"
-  rm -rf "$tmp" "$manifest"
+  rm -rf "$tmp"
   mv "$tests/.build/lua-src.new" "$tests/.build/lua-src"
 fi

@@ -111,17 +111,25 @@ def test_a_read_only_driver_is_read_right_while_it_is_killed(mount, driver):
     (SIGKILL, SIGSEGV, SIGABRT) every 0.3-1 s: 0 errors."""
     with mount(driver, "rebound", config=CONFIG) as m:
         wait_serving(m)
-        expected = read_tree(m.mnt)
-        rounds, deadline = 0, time.monotonic() + 10
-        with chaos.Chaos(m.mnt, seed=13, kinds=("SIGKILL", "SIGSEGV", "SIGABRT"),
-                         min_interval=0.3, max_interval=1.0) as injector:
-            while time.monotonic() < deadline:
-                assert read_tree(m.mnt) == expected, f"round {rounds} read other data"
-                rounds += 1
-        assert not injector.problems, injector.describe()
-        assert injector.injected >= 3, injector.describe()
-        assert injector.final["failures"] == injector.injected, injector.describe()
-        print(f"{driver}: {rounds} reads of the tree, {injector.injected} failures injected")
+        rounds, injected = read_again_while_killed(m, read_tree, seed=13)
+        print(f"{driver}: {rounds} reads of the tree, {injected} failures injected")
+
+
+def read_again_while_killed(m, read, seed, seconds=10):
+    """read(m.mnt) again and again for `seconds` while the driver is killed (SIGKILL, SIGSEGV,
+    SIGABRT) every 0.3-1 s: each round reads what the first did, and every failure injected
+    is one rebound counted. Returns the rounds and the failures injected."""
+    expected = read(m.mnt)
+    rounds, deadline = 0, time.monotonic() + seconds
+    with chaos.Chaos(m.mnt, seed=seed, kinds=("SIGKILL", "SIGSEGV", "SIGABRT"),
+                     min_interval=0.3, max_interval=1.0) as injector:
+        while time.monotonic() < deadline:
+            assert read(m.mnt) == expected, f"round {rounds} read other data"
+            rounds += 1
+    assert not injector.problems, injector.describe()
+    assert injector.injected >= 3, injector.describe()
+    assert injector.final["failures"] == injector.injected, injector.describe()
+    return rounds, injector.injected
 
 
 # What lxcfs serves that does not change between reads: which files there are, and how each
@@ -153,15 +161,7 @@ def test_lxcfs_serves_the_same_files_and_is_read_right_while_it_is_killed(mount)
     with mount("lxcfs", "rebound", config=CONFIG + DRIVER_CONFIG["lxcfs"]) as m:
         wait_serving(m)
         assert lxcfs_view(m.mnt) == direct
-        rounds, deadline = 0, time.monotonic() + 10
-        with chaos.Chaos(m.mnt, seed=17, kinds=("SIGKILL", "SIGSEGV", "SIGABRT"),
-                         min_interval=0.3, max_interval=1.0) as injector:
-            while time.monotonic() < deadline:
-                assert lxcfs_view(m.mnt) == direct, f"round {rounds} read other files"
-                rounds += 1
-        assert not injector.problems, injector.describe()
-        assert injector.injected >= 3, injector.describe()
-        assert injector.final["failures"] == injector.injected, injector.describe()
+        read_again_while_killed(m, lxcfs_view, seed=17)
 
 
 # Drivers whose short kill test is not yet reliable, with what it showed.
