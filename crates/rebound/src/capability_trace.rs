@@ -1,5 +1,6 @@
 //! The driver's capability checks, traced (the kernel's `capability:cap_capable` tracepoint,
-//! Linux 6.14+, through a tracefs instance of rebound's own), for two uses:
+//! Linux 6.14+, through a tracefs instance of rebound's own that follows only rebound's tasks
+//! and what they fork), for two uses:
 //! - learning mode (`rebound run --learn FILE`): the driver runs in its usual view with every
 //!   capability rebound has and no system call denied; the capabilities the kernel granted it
 //!   and the calls of the deny list it made (reported by the filter, then let through) are
@@ -66,6 +67,17 @@ impl CapabilityTrace {
             stop: Arc::new(AtomicBool::new(false)),
             instance,
         };
+        // Only rebound's own tasks and what they start (drivers, standbys, helpers) are
+        // traced, in the kernel: the rest of the host's checks never reach the buffer.
+        let tasks: Vec<String> = fs::read_dir("/proc/self/task")
+            .context("listing rebound's threads")?
+            .flatten()
+            .map(|t| t.file_name().to_string_lossy().into_owned())
+            .collect();
+        fs::write(trace.instance.join("options/event-fork"), "1")
+            .context("following forks in the trace")?;
+        fs::write(trace.instance.join("set_event_pid"), tasks.join(" "))
+            .context("tracing rebound's tasks only")?;
         let event = trace.instance.join("events/capability/cap_capable/enable");
         fs::write(&event, "1").with_context(|| {
             format!(
