@@ -605,8 +605,7 @@ def run_as_user(root, entries=READDIR_ENTRIES, uid=UNPRIVILEGED):
     os.mkdir(users)
     os.chmod(users, 0o777)
     source = open(__file__).read()
-    code = (f"{source}\nimport json\n"
-            f"print(json.dumps(run({users!r}, {entries})))")
+    code = f"{source}\nprint(json.dumps(run({users!r}, {entries})))"
     # The system's interpreter: another one may live where uid cannot reach (pyenv's in /root).
     python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
     res = subprocess.run([python, "-c", code], capture_output=True, text=True,

@@ -382,12 +382,12 @@ def image_path(driver, work, reflink=False):
 
 
 # How each driver is told to let other users in (allow_other), where the tests need it:
-# arguments to add to its command line, before ("+") or after its others.
+# arguments to add to its command line, and where (an index, or None: at the end).
 ALLOW_OTHER = {
-    "gofuse": ("+", ["-allow-other"]),
-    "gocryptfs": ("+", ["-allow_other"]),
-    "rclone": ("+", ["--allow-other"]),
-    **{d: ("", ["-o", "allow_other"]) for d in (
+    "gofuse": (1, ["-allow-other"]),
+    "gocryptfs": (1, ["-allow_other"]),
+    "rclone": (2, ["--allow-other"]),  # after `rclone mount`
+    **{d: (None, ["-o", "allow_other"]) for d in (
         "fuse2fs", "passthrough_ll", "passthrough_ll-clone_fd", "passthrough_fh", "sshfs",
         "bindfs", "fuse-overlayfs", "unionfs", "mergerfs", "securefs", "ntfs-3g", "encfs")},
 }
@@ -399,11 +399,9 @@ def driver_argv(driver, src, img, mnt, sshd=None, allow_other=False):
     argv = _driver_argv(driver, src, img, mnt, sshd)
     if not allow_other:
         return argv
-    where, extra = ALLOW_OTHER[driver]
-    if where == "+":  # right after the program (and rclone's `mount`)
-        at = 2 if driver == "rclone" else 1
-        return argv[:at] + extra + argv[at:]
-    return argv + extra
+    at, extra = ALLOW_OTHER[driver]
+    at = len(argv) if at is None else at
+    return argv[:at] + extra + argv[at:]
 
 
 def _driver_argv(driver, src, img, mnt, sshd=None):

@@ -91,7 +91,8 @@ pub fn is_suspect_error(opcode: Opcode, errno: i32) -> bool {
         ENXIO => opcode != Lseek,
         // A detected deadlock is SETLKW's to report.
         EDEADLK => !matches!(opcode, Setlk | Setlkw),
-        // "Buffer too small" and "no such attribute" are the xattr protocol.
+        // "Buffer too small" and "no such attribute" are the xattr protocol (the queries are
+        // never suspect, above).
         ERANGE => true,
         ENODATA => opcode != Removexattr,
         // The kernel only sends these for nodes and handles it holds, in directories it holds.

@@ -28,6 +28,8 @@ use anyhow::Context;
 use rebound_sys::sandbox::CAPABILITY_NAMES;
 
 const TRACEFS: &str = "/sys/kernel/tracing";
+/// The switch of the tracepoint, in an instance.
+const ENABLE: &str = "events/capability/cap_capable/enable";
 /// The instances rebound makes are named this, then the pid of the `rebound run`.
 const INSTANCE_PREFIX: &str = "rebound-";
 
@@ -78,7 +80,7 @@ impl CapabilityTrace {
             .context("following forks in the trace")?;
         fs::write(trace.instance.join("set_event_pid"), tasks.join(" "))
             .context("tracing rebound's tasks only")?;
-        let event = trace.instance.join("events/capability/cap_capable/enable");
+        let event = trace.instance.join(ENABLE);
         fs::write(&event, "1").with_context(|| {
             format!(
                 "enabling {} (the kernel's capability tracepoint, Linux 6.14+)",
@@ -101,10 +103,7 @@ impl CapabilityTrace {
 impl Drop for CapabilityTrace {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        let _ = fs::write(
-            self.instance.join("events/capability/cap_capable/enable"),
-            "0",
-        );
+        let _ = fs::write(self.instance.join(ENABLE), "0");
         // The reader closes the pipe within a poll interval; the instance goes after it.
         for _ in 0..20 {
             if fs::remove_dir(&self.instance).is_ok() {
@@ -126,10 +125,7 @@ fn remove_stale_instances(dir: &Path) {
             continue;
         };
         if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
-            let _ = fs::write(
-                entry.path().join("events/capability/cap_capable/enable"),
-                "0",
-            );
+            let _ = fs::write(entry.path().join(ENABLE), "0");
             let _ = fs::remove_dir(entry.path());
         }
     }

@@ -13,7 +13,7 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// `rebound run --learn FILE`: where learning mode writes what the driver used (see
-    /// `learn`); not a key of the file.
+    /// `capability_trace`); not a key of the file.
     #[serde(skip)]
     pub learn: Option<PathBuf>,
     /// How long the driver may take from start to `mount(2)` before rebound gives up on it

@@ -5,8 +5,9 @@
 //! lets them continue) and answers in the driver's place. `fsopen(2)` fails with
 //! `ENOSYS` so that libraries fall back to `mount(2)`, and the system calls of a deny list
 //! (chosen by the caller) go to rebound too, which fails them with `EPERM` and says which
-//! setting would allow them (a denied call is rare: the round trip costs nothing that counts). Calls that act on another process by its pid
-//! (signals, `pidfd_open`, `prlimit64`, scheduling and priorities) go to rebound too, which
+//! setting would allow them (a denied call is rare: the round trip costs nothing that
+//! counts). Calls that act on another process by its pid (signals, `pidfd_open`,
+//! `prlimit64`, scheduling and priorities) go to rebound too, which
 //! lets through only those aimed at the driver's own processes: the driver runs as uid 0, and
 //! the kernel would let it signal every root process. `kill(-1)` fails at once; the driver's
 //! calls on itself (`raise`, the Go runtime's preemption signals) never leave the kernel.

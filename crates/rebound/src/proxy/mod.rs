@@ -226,9 +226,6 @@ struct SecondOpinions {
     cooldown: Duration,
     /// When a restarted driver last confirmed a doubted error.
     confirmed: Mutex<Option<Instant>>,
-    /// Errors (opcode, errno) a restarted driver confirmed: that driver's answer by design
-    /// (rclone answers EIO to every GETXATTR), never doubted again in this run.
-    by_design: Mutex<HashSet<(u32, i32)>>,
     /// Whether the restart budget leaves room for one (see [`Proxy::allow_second_opinions`]).
     affordable: AtomicBool,
 }
@@ -457,7 +454,6 @@ impl Proxy {
                 .map(|cooldown| SecondOpinions {
                     cooldown,
                     confirmed: Mutex::new(None),
-                    by_design: Mutex::new(HashSet::new()),
                     affordable: AtomicBool::new(true),
                 }),
         });
@@ -1448,7 +1444,7 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
     shared.stats.replies.fetch_add(1, Ordering::Relaxed);
     let body = &mut msg[size::OUT_HEADER..];
     let request = match suspicion(shared, unique, &request, error, body) {
-        Some(why) => doubt(shared, generation, unique, request, error, &why)?,
+        Some(why) => doubt(shared, generation, unique, request, &why)?,
         None => request,
     };
     if error == 0 {
@@ -1647,7 +1643,7 @@ fn suspicion(
     error: i32,
     body: &[u8],
 ) -> Option<String> {
-    let policy = shared.second_opinions.as_ref()?;
+    shared.second_opinions.as_ref()?;
     let op = Opcode::from_raw(request.opcode)?;
     // Set once: a store on every reply would bounce the flag's cache line between threads.
     if error == 0 && tracker::redo::is_mutation(op) && !shared.store_changed.load(Ordering::Relaxed)
@@ -1661,11 +1657,7 @@ fn suspicion(
         if errno == libc::EROFS && !shared.store_changed.load(Ordering::Relaxed) {
             return None;
         }
-        let by_design = |policy: &SecondOpinions| {
-            let known = policy.by_design.lock().unwrap_or_else(|e| e.into_inner());
-            known.contains(&(request.opcode, errno))
-        };
-        return (fuse_wire::is_suspect_error(op, errno) && !by_design(policy)).then(|| {
+        return fuse_wire::is_suspect_error(op, errno).then(|| {
             format!(
                 "answered {op:?} request {unique} with \"{}\"",
                 io::Error::from_raw_os_error(errno)
@@ -1700,14 +1692,12 @@ fn suspicion(
 /// request waits for a restarted driver, which answers it in its turn (as a request in flight
 /// at a crash: what already happened is settled, not done twice), and `None` is returned.
 /// The restarted driver's answer, and any while a confirmed suspicion cools second opinions
-/// down, is given back to be forwarded; the error it confirmed (`error`, for that opcode) is
-/// not doubted again.
+/// down, is given back to be forwarded.
 fn doubt(
     shared: &Shared,
     generation: u64,
     unique: u64,
     mut request: Inflight,
-    error: i32,
     why: &str,
 ) -> Option<Inflight> {
     let Some(policy) = &shared.second_opinions else {
@@ -1716,17 +1706,12 @@ fn doubt(
     let mut confirmed = policy.confirmed.lock().unwrap_or_else(|e| e.into_inner());
     if request.doubted {
         *confirmed = Some(Instant::now());
-        if error != 0 {
-            let mut known = policy.by_design.lock().unwrap_or_else(|e| e.into_inner());
-            known.insert((request.opcode, error.saturating_neg()));
-        }
         shared
             .stats
             .doubts_confirmed
             .fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
-            "a restarted driver {why} too: forwarded; no second opinions for {} s, nor \
-             ever again for this answer to this kind of request",
+            "a restarted driver {why} too: forwarded; no second opinions for {} s",
             policy.cooldown.as_secs()
         );
         return Some(request);

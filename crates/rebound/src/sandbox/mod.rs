@@ -279,7 +279,7 @@ pub fn build(
         );
     }
     // Learning: every capability rebound has itself, to see which are used.
-    sandbox.capabilities = Some(if config.learn.is_some() {
+    sandbox.capabilities = Some(if learning {
         own_capabilities()
     } else {
         kept.into_iter()

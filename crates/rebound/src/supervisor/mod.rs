@@ -213,25 +213,24 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         tracing::debug!("sandbox: shows {} ({})", part.path.display(), part.what);
     }
     // Before the driver starts: its first capability checks count.
+    // (A thread is the driver's if its process is one of rebound's descendants.)
+    let drivers_thread = |tid| crate::capability_trace::thread_of(tid, &process::descendants());
     let learner = match &config.learn {
         Some(out) => Some(
-            crate::capability_trace::Learner::start(out, argv, |tid| {
-                crate::capability_trace::thread_of(tid, &process::descendants())
-            })
-            .context("learning mode")?,
+            crate::capability_trace::Learner::start(out, argv, drivers_thread)
+                .context("learning mode")?,
         ),
         None => None,
     };
     // Otherwise, what the sandbox keeps from the driver and the kernel then refuses it is
     // logged, once each (where the kernel can trace it).
     let _refusals = match (&learner, config.sandbox.profile) {
-        (None, Profile::Default | Profile::Strict) => {
-            crate::capability_trace::RefusalLog::start(crate::sandbox::own_capabilities(), |tid| {
-                crate::capability_trace::thread_of(tid, &process::descendants())
-            })
-            .inspect_err(|e| tracing::debug!("capability refusals are not logged: {e:#}"))
-            .ok()
-        }
+        (None, Profile::Default | Profile::Strict) => crate::capability_trace::RefusalLog::start(
+            crate::sandbox::own_capabilities(),
+            drivers_thread,
+        )
+        .inspect_err(|e| tracing::debug!("capability refusals are not logged: {e:#}"))
+        .ok(),
         _ => None,
     };
     let started = start_driver(
