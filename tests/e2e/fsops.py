@@ -612,4 +612,9 @@ def run_as_user(root, entries=READDIR_ENTRIES, uid=UNPRIVILEGED):
                          user=uid, group=uid, extra_groups=[], cwd="/", timeout=900)
     if res.returncode != 0:
         raise RuntimeError(f"fsops as uid {uid} failed:\n{res.stderr[-2000:]}")
-    return [tuple(step) for step in json.loads(res.stdout)]
+    results = [tuple(step) for step in json.loads(res.stdout)]
+    # A user who cannot reach its directory fails every step alike on any mount, and so would
+    # hide every difference.
+    if results[0] != ("setup", "ok"):
+        raise RuntimeError(f"fsops as uid {uid} could not start in {users}: {results[0]}")
+    return results

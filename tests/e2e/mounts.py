@@ -474,6 +474,9 @@ def new_workdir(tag="mount"):
     """A fresh /tmp/rebound-e2e-TAG-XXXX directory, marked with the pid of this process so that
     another test session can tell an abandoned one (see stale_workdirs) from one in use."""
     path = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{tag}-", dir="/tmp"))
+    # Other users may pass through (not list) it to a mount inside: mkdtemp makes it 0700,
+    # and the tests' unprivileged user would then see EACCES at every step of any driver.
+    path.chmod(0o711)
     (path / OWNER).write_text(str(os.getpid()))
     return path
 
