@@ -298,6 +298,37 @@ def test_forced_restart_keeps_an_open_file(mount, driver):
         assert workloads.read_uncached(path) == b"written after the restart" + data[25:]
 
 
+def test_a_forced_restart_lets_fuse2fs_flush_its_image_first(mount):
+    """`rebound restart` of a working fuse2fs with neither a redo log nor a pre_restart
+    check: its channel closes and it gets restart_grace_ms to exit by itself (libfuse then
+    flushes the image's metadata), so the image stays consistent (the mount's stop runs
+    `e2fsck -fn`) and the new driver, which allocates more, has every file and directory."""
+    files = {}
+
+    def write(first, count):
+        for i in range(first, first + count):
+            rel = f"d{i // 20}/f{i}"
+            files[rel] = os.urandom(1000 + i)
+            (m.mnt / rel).parent.mkdir(exist_ok=True)
+            (m.mnt / rel).write_bytes(files[rel])
+
+    with mount("fuse2fs", "rebound", config=toml(restart_backoff_ms=0)) as m:
+        write(0, 200)
+        # Changes with no file opened after them (fuse2fs flushes its bitmaps at a close).
+        for i in range(50):
+            (m.mnt / f"dir{i}").mkdir()
+            (m.mnt / f"link{i}").symlink_to(f"d0/f{i}")
+        wait_serving(m)
+        rc, out, err, _ = mounts.run_rebound(["restart", str(m.mnt)], timeout=60)
+        assert rc == 0, explain(m, f"rebound restart exited {rc}:\n{out}{err}")
+        assert mount_status(m.mnt)["restarts"] == 1, explain(m, "restarts")
+        write(200, 200)
+        for rel, data in files.items():
+            assert workloads.read_uncached(m.mnt / rel) == data, rel
+        for i in range(50):
+            assert (m.mnt / f"dir{i}").is_dir() and os.readlink(m.mnt / f"link{i}") == f"d0/f{i}"
+
+
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_a_listing_waiting_on_a_stopped_driver_goes_on_after_a_restart(mount, driver):
     """A READDIR in flight when the driver is replaced is sent again on the reopened directory

@@ -38,6 +38,12 @@ pub struct Config {
     pub restart_backoff_ms: u64,
     /// The longest delay before a restart.
     pub restart_backoff_max_ms: u64,
+    /// How long a driver restarted while it still runs (it sent a refused reply, a restarted
+    /// one is asked for a second opinion, `rebound restart`) gets to exit by itself once its
+    /// channel is closed, before SIGKILL. A libfuse driver then flushes what it holds (fuse2fs
+    /// its image's metadata): killed at once, it may leave its store inconsistent. 0 kills at
+    /// once, as after a crash or a hang.
+    pub restart_grace_ms: u64,
     /// What happens once the restart budget is spent and the driver fails again.
     pub on_budget_exhausted: BudgetPolicy,
     /// A command run after a failed driver is gone and before its successor starts, to bring
@@ -224,6 +230,7 @@ impl Default for Config {
             restart_window_ms: 60_000,
             restart_backoff_ms: 100,
             restart_backoff_max_ms: 5_000,
+            restart_grace_ms: 2_000,
             on_budget_exhausted: BudgetPolicy::FailRequests,
             pre_restart: Vec::new(),
             redo_log: false,
@@ -337,6 +344,10 @@ impl Config {
 
     pub fn mount_timeout(&self) -> Duration {
         Duration::from_millis(self.mount_timeout_ms)
+    }
+
+    pub fn restart_grace(&self) -> Duration {
+        Duration::from_millis(self.restart_grace_ms)
     }
 
     pub fn stop_timeout(&self) -> Duration {

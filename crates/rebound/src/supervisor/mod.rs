@@ -64,8 +64,12 @@ enum Phase {
 /// The steps of a recovery.
 #[derive(Debug)]
 enum Step {
-    /// Waiting for what is left of the failed driver to be gone.
-    Reaping { deadline: Instant },
+    /// Waiting for what is left of the failed driver to be gone: until `kill_at` for it to
+    /// exit by itself (a driver restarted while it still runs), then killing it.
+    Reaping {
+        deadline: Instant,
+        kill_at: Option<Instant>,
+    },
     /// Waiting out the back-off before starting a new driver.
     Backoff { until: Instant },
     /// The new driver runs; waiting for its `mount(2)`.
@@ -554,7 +558,10 @@ impl Run<'_> {
                 }
             }
             Phase::Serving | Phase::Recovering(Step::Restoring) => tick,
-            Phase::Recovering(Step::Reaping { deadline } | Step::Mounting { deadline }) => {
+            Phase::Recovering(Step::Reaping {
+                kill_at: Some(at), ..
+            }) => until(*at).min(tick),
+            Phase::Recovering(Step::Reaping { deadline, .. } | Step::Mounting { deadline }) => {
                 until(*deadline).min(tick)
             }
             Phase::Recovering(Step::Backoff { until: at }) => until(*at),
@@ -871,7 +878,15 @@ impl Run<'_> {
             b.failures += 1;
             b.last_failure = Some(cause.clone());
         });
-        self.kill_driver();
+        // A driver that still works may finish what it holds (its channel is closed now);
+        // a dead, dying or hung one is killed.
+        let grace = match kind {
+            Cause::RefusedReply | Cause::SecondOpinion | Cause::Operator => {
+                self.config.restart_grace()
+            }
+            Cause::Crash | Cause::Hang | Cause::Hoarding | Cause::DuringRestore => Duration::ZERO,
+        };
+        self.stop_driver(grace);
     }
 
     /// A restart did not bring a working driver: try again, within the budget.
@@ -880,16 +895,29 @@ impl Run<'_> {
         if let Some(s) = &self.served {
             s.proxy.driver_failed();
         }
-        self.kill_driver();
+        self.stop_driver(Duration::ZERO);
     }
 
-    fn kill_driver(&mut self) {
+    /// Ends the failed driver's processes (their channel is closed): `grace` to exit by
+    /// themselves before SIGKILL, or (no grace) SIGKILL at once.
+    fn stop_driver(&mut self, grace: Duration) {
         if let Some(s) = &self.served {
             s.proxy.fail_requests_of_driver();
         }
-        process::signal_all(Signal::KILL, &self.standby_processes());
+        let now = Instant::now();
+        let kill_at = if grace.is_zero() {
+            process::signal_all(Signal::KILL, &self.standby_processes());
+            None
+        } else {
+            // No SIGTERM: libfuse, its loop ended by the closed channel, restores the default
+            // action before it flushes, and the signal would then kill it mid-flush. (A
+            // stopped driver is continued, so that it sees its channel closed.)
+            process::signal_all(Signal::CONT, &self.standby_processes());
+            Some(now + grace)
+        };
         self.phase = Phase::Recovering(Step::Reaping {
-            deadline: Instant::now() + Duration::from_secs(10),
+            deadline: now + grace + Duration::from_secs(10),
+            kill_at,
         });
     }
 
@@ -1185,12 +1213,21 @@ impl Run<'_> {
                     self.keep_standby(now);
                 }
             }
-            Phase::Recovering(Step::Reaping { deadline }) if now < *deadline => {
+            Phase::Recovering(Step::Reaping {
+                kill_at: Some(at), ..
+            }) if now < *at => {}
+            Phase::Recovering(Step::Reaping { deadline, kill_at }) if now < *deadline => {
+                if kill_at.take().is_some() {
+                    tracing::warn!(
+                        "the failed driver did not exit within restart_grace_ms ({} ms); killing it",
+                        self.config.restart_grace_ms
+                    );
+                }
                 // A driver that forks as fast as it can may have made new processes since
                 // the last signal.
                 process::signal_all(Signal::KILL, &self.standby_processes());
             }
-            Phase::Recovering(Step::Reaping { deadline }) if now >= *deadline => {
+            Phase::Recovering(Step::Reaping { deadline, .. }) if now >= *deadline => {
                 tracing::warn!("processes of the failed driver do not exit; restarting anyway");
                 self.recovery_phase_done("reap");
                 self.next_restart();
