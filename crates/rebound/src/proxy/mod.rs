@@ -14,6 +14,7 @@
 //! reply per `write(2)`.
 
 mod checkpoints;
+mod notifications;
 mod private;
 mod recovery;
 
@@ -37,6 +38,7 @@ use tracker::{
 use zerocopy::FromBytes;
 
 use crate::checkpoint::ImageCheckpoint;
+use notifications::NotificationQueue;
 use private::PrivateCalls;
 pub use recovery::Restored;
 
@@ -250,6 +252,8 @@ struct Shared {
     minor: AtomicU32,
     stats: Arc<ProxyStats>,
     events: UnixStream,
+    /// The driver's notifications, on their way to the kernel (see [`notifications`]).
+    notifications: NotificationQueue,
     refusal_log: LogBudget,
     buffers: BufferPool,
     /// The kernel's INIT request as the first driver got it, replayed to every new one.
@@ -418,6 +422,11 @@ impl Proxy {
                 }
             }
         }
+        let gone = events.try_clone()?;
+        let notifications = NotificationQueue::start(rustix::io::dup(&queues[0])?, move || {
+            use std::io::Write;
+            let _ = (&gone).write_all(&[ProxyEvent::KernelGone as u8]);
+        })?;
         let stats = Arc::new(ProxyStats::default());
         let driver = Arc::new(driver);
         let shared = Arc::new(Shared {
@@ -432,6 +441,7 @@ impl Proxy {
             minor: AtomicU32::new(0),
             stats: stats.clone(),
             events,
+            notifications,
             refusal_log: LogBudget::new(REFUSALS_LOGGED_PER_SECOND),
             buffers: BufferPool::default(),
             init: Mutex::new(None),
@@ -1267,6 +1277,12 @@ fn deliver_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) {
             }
         }
     }
+    if reply_to.notification {
+        // Checked and translated while this driver is current; written by a thread that
+        // holds no lock, since the kernel may hold it back (see [`notifications`]).
+        drop(link);
+        return shared.notifications.push(msg);
+    }
     write_to_kernel(shared, reply_to.queue, msg);
     if reply_to.is_init {
         // The root's attributes, for the shadow answers of a later recovery.
@@ -1357,6 +1373,8 @@ struct ReplyTo {
     queue: usize,
     /// The request it answers (none for notifications and INTERRUPT replies).
     request: Option<Inflight>,
+    /// A notification, which goes to the kernel through [`NotificationQueue`].
+    notification: bool,
 }
 
 /// Applies the wrapper checks to one driver message and translates its ids to the kernel's.
@@ -1386,6 +1404,7 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
                     is_init: false,
                     queue: 0,
                     request: None,
+                    notification: true,
                 })
             }
             Err(e) => {
@@ -1407,6 +1426,7 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
                     .queue_of(unique & !abi::INT_REQ_BIT)
                     .map_or(0, usize::from),
                 request: None,
+                notification: false,
             }),
             Err(e) => {
                 refuse(
@@ -1485,6 +1505,7 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
         is_init: request.opcode == Opcode::Init as u32 && error == 0,
         queue: usize::from(request.queue),
         request: Some(request),
+        notification: false,
     })
 }
 
