@@ -10,7 +10,9 @@ packages=(fuse3 libfuse3-dev fuse2fs e2fsprogs xfsprogs sshfs openssh-server ope
           gcc make pkg-config python3 python3-pytest golang-go
           # The packaged drivers tests/e2e/test_drivers.py proves (and what makes their stores).
           bindfs fuse-overlayfs unionfs-fuse mergerfs gocryptfs securefs ntfs-3g squashfuse
-          squashfs-tools archivemount encfs rclone lxcfs)
+          squashfs-tools archivemount encfs rclone lxcfs
+          # The conformance suite pjdfstest links libacl.
+          libacl1-dev)
 # `deps.sh bench`: also what the benchmarks plot with.
 if [ "${1:-}" = bench ]; then
   packages+=(python3-matplotlib)

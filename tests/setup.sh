@@ -6,6 +6,8 @@
 #   half_rename.so                   tests/fixtures/half_rename.c (a driver dying mid-rename)
 #   fuser-simple                     the `simple` example of the fuser crate (Rust), built from
 #                                    its crates.io package
+#   pjdfstest                        the POSIX file system conformance suite (its Rust rewrite,
+#                                    from its crates.io package)
 # and unpacks the C code base the benchmark compiles (bench/run.py, workload `compile`):
 #   tests/.build/lua-src/            the Lua 5.1-5.4 sources of the `lua-src` crate, fetched with
 #                                    cargo from crates.io (Debian ships no C code base that builds
@@ -103,6 +105,20 @@ if [ ! -x "$bin/fuser-simple" ]; then
   # (Its own code's warnings under a newer compiler are not ours to read.)
   (cd "$src" && RUSTFLAGS="--cap-lints=allow" cargo build --quiet --release --locked --example simple)
   cp "$src/target/release/examples/simple" "$bin/fuser-simple"
+  rm -rf "$src"
+fi
+
+# The POSIX conformance suite tests/e2e/test_conformance.py runs on direct and rebound mounts.
+pjdfstest_crate=pjdfstest-0.2.2
+if [ ! -x "$bin/pjdfstest" ]; then
+  echo "setup: building $pjdfstest_crate" >&2
+  archive=$(crate_archive pjdfstest "${pjdfstest_crate#pjdfstest-}")
+  src="$tests/.build/$pjdfstest_crate"
+  rm -rf "$src"
+  tar xzf "$archive" -C "$tests/.build"
+  printf '\n[workspace]\n' >>"$src/Cargo.toml"
+  (cd "$src" && RUSTFLAGS="--cap-lints=allow" cargo build --quiet --release --locked)
+  cp "$src/target/release/pjdfstest" "$bin/pjdfstest"
   rm -rf "$src"
 fi
 
