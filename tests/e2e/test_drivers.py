@@ -164,6 +164,32 @@ def test_lxcfs_serves_the_same_files_before_and_after_a_kill(mount):
         assert lxcfs_view(m.mnt) == direct
 
 
+@pytest.mark.rebound
+@pytest.mark.recovery
+@pytest.mark.parametrize("driver", WRITABLE)
+def test_names_the_kernel_cached_are_removed_and_renamed_after_a_kill(mount, driver):
+    """After a kill, the kernel unlinks and renames names it has cached without looking them
+    up, so the new driver would be asked to remove entries it was never asked for (which
+    fuse-overlayfs frees and then uses: SIGABRT at every such UNLINK): each works, and the
+    driver is not restarted again."""
+    with mount(driver, "rebound", config=CONFIG + DRIVER_CONFIG.get(driver, ""),
+               reflink=driver in REFLINK) as m:
+        (m.mnt / "d").mkdir()
+        for i in range(4):
+            (m.mnt / "d" / f"f{i}").write_bytes(b"%d" % i * 100)
+        status = wait_serving(m)
+        assert chaos.signal_descendant(status["driver_pid"], status["rebound_pid"],
+                                       signal.SIGKILL)
+        wait_serving(m, chaos.recovered_from(status["driver_pid"], status["restarts"]))
+        os.unlink(m.mnt / "d" / "f0")
+        os.rename(m.mnt / "d" / "f1", m.mnt / "d" / "f2")  # over a cached name
+        os.rename(m.mnt / "d" / "f3", m.mnt / "d" / "f4")
+        assert sorted(os.listdir(m.mnt / "d")) == ["f2", "f4"]
+        assert (m.mnt / "d" / "f2").read_bytes() == b"1" * 100
+        after = chaos.mount_status(m.mnt)
+        assert after["restarts"] == status["restarts"] + 1, after
+
+
 # Drivers whose short kill test is not yet reliable, with what it showed.
 NOT_YET_THROUGH_KILLS = {
     "gocryptfs": "in 4 of 10 runs (2026-11-25) one read after kills returned a whole 4 KiB "

@@ -12,6 +12,6 @@ pub mod redo;
 pub use inflight::{Inflight, InflightTable, Patches, RequestBytes};
 pub use objects::{
     DriverForget, DriverNode, Handle, Node, ObjectTable, PendingChange, RestorePlan, ToDriver,
-    Untranslated,
+    Untranslated, MAX_PENDING,
 };
 pub use redo::{Mutation, RedoLog};

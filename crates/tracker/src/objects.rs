@@ -98,6 +98,10 @@ pub enum ToDriver {
     Unknown,
 }
 
+/// The most nodes a request can leave to be asked of a restarted driver first: its ids, and
+/// the two entries a RENAME removes or replaces.
+pub const MAX_PENDING: usize = fuse_wire::ids::MAX_REQUEST_IDS + 2;
+
 /// Why a request cannot be translated for the current driver yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Untranslated {
@@ -441,12 +445,17 @@ impl ObjectTable {
 
     /// Rewrites the id `fields` of a request in `msg` from the kernel's ids to the current
     /// driver's, and returns the kernel's values so the request can be sent again to another
-    /// driver. Changes nothing unless every field can be translated.
+    /// driver. Changes nothing unless every field can be translated, and every entry `change`
+    /// removes or replaces is known to the driver (see [`ObjectTable::pending_named`]).
     pub fn to_driver(
         &self,
         msg: &mut [u8],
         fields: impl IntoIterator<Item = IdField>,
+        change: &PendingChange,
     ) -> Result<Patches, Untranslated> {
+        if let Some(node) = self.pending_named(change) {
+            return Err(Untranslated::Pending(node));
+        }
         let mut patches = Patches::default();
         for field in fields {
             let at = field.at();
@@ -622,6 +631,32 @@ impl ObjectTable {
         }
         chain.reverse();
         Some(chain)
+    }
+
+    /// A node the kernel holds by a name `change` acts on (the entry an UNLINK, RMDIR or
+    /// RENAME removes or replaces) that the restarted driver has not been asked for yet.
+    /// The kernel sends such a request without a LOOKUP when it has the name cached, and a
+    /// driver may count on having been asked for every name the kernel holds (fuse-overlayfs
+    /// frees the node it never counted, and then uses it): it is asked for the name first.
+    fn pending_named(&self, change: &PendingChange) -> Option<u64> {
+        let pending = |parent: u64, name: &[u8]| {
+            self.node_named(parent, name).filter(|node| {
+                self.nodes
+                    .get(node)
+                    .is_some_and(|e| e.driver == DriverNode::Pending)
+            })
+        };
+        match change {
+            PendingChange::Remove { parent, name } => pending(*parent, name),
+            PendingChange::Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                ..
+            } => pending(*parent, name).or_else(|| pending(*new_parent, new_name)),
+            _ => None,
+        }
     }
 
     /// The restarted driver has no node for `node`: requests on it fail from now on.
@@ -1164,6 +1199,49 @@ mod tests {
         assert!(
             t.locks_of(7).is_empty(),
             "closing the handle ends its locks"
+        );
+    }
+
+    #[test]
+    fn a_restarted_driver_is_asked_for_an_entry_before_it_removes_or_replaces_it() {
+        let mut t = ObjectTable::new();
+        let dir = looked_up(&mut t, ROOT_ID, b"dir", 100);
+        let file = looked_up(&mut t, dir, b"file", 200);
+        let other = looked_up(&mut t, dir, b"other", 300);
+        t.begin_generation(1);
+        assert!(t.restore_node(dir, 101, 1));
+        let remove = |name: &[u8]| PendingChange::of(Change::Remove { parent: dir, name });
+        // UNLINK names `dir` by id (known now) and `file` by name (not asked for yet).
+        let mut msg = [0u8; 8];
+        assert_eq!(
+            t.to_driver(&mut msg, [], &remove(b"file")),
+            Err(Untranslated::Pending(file))
+        );
+        assert!(
+            t.to_driver(&mut msg, [], &remove(b"absent")).is_ok(),
+            "no such node"
+        );
+        // A RENAME over `other` needs both.
+        let rename = PendingChange::of(Change::Rename {
+            parent: dir,
+            name: b"file",
+            new_parent: dir,
+            new_name: b"other",
+            exchange: false,
+        });
+        assert_eq!(
+            t.to_driver(&mut msg, [], &rename),
+            Err(Untranslated::Pending(file))
+        );
+        assert!(t.restore_node(file, 201, 1));
+        assert_eq!(
+            t.to_driver(&mut msg, [], &rename),
+            Err(Untranslated::Pending(other))
+        );
+        assert!(t.mark_lost(other));
+        assert!(
+            t.to_driver(&mut msg, [], &rename).is_ok(),
+            "a lost one is not asked for"
         );
     }
 

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use fuse_wire::abi::{self, size, ROOT_ID};
-use fuse_wire::ids::{read_u64, write_u64, MAX_REQUEST_IDS};
+use fuse_wire::ids::{read_u64, write_u64};
 use fuse_wire::{DriverMessage, InHeader, Opcode, OutHeader, ReplyShape, Request};
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags};
@@ -961,10 +961,10 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
             }
             Link::Serving { driver, generation } => (driver.clone(), *generation),
         };
-        let translated = shared.objects().to_driver(msg, info.fields);
+        let translated = shared.objects().to_driver(msg, info.fields, &info.change);
         match translated {
             Ok(patches) => break (link, driver, generation, patches),
-            Err(tracker::Untranslated::Pending(node)) if lookups <= MAX_REQUEST_IDS => {
+            Err(tracker::Untranslated::Pending(node)) if lookups <= tracker::MAX_PENDING => {
                 // A node the restarted driver has not been asked for yet: look it up by path,
                 // without holding the link (the lookup waits for the driver). A node it does
                 // not have is marked lost; a driver that fails meanwhile leaves the request to

@@ -186,11 +186,12 @@ pub(super) fn translate(
     generation: u64,
     msg: &mut [u8],
     fields: fuse_wire::ids::IdFields,
+    change: &PendingChange,
     timeout: Duration,
 ) -> Result<tracker::Patches, tracker::Untranslated> {
-    // Each round looks up one more pending node; a request names at most four.
-    for _ in 0..=fuse_wire::ids::MAX_REQUEST_IDS {
-        let translated = shared.objects().to_driver(msg, fields);
+    // Each round looks up one more pending node.
+    for _ in 0..=tracker::MAX_PENDING {
+        let translated = shared.objects().to_driver(msg, fields, change);
         let pending = match translated {
             Err(tracker::Untranslated::Pending(node)) => node,
             done => return done,
@@ -546,6 +547,7 @@ impl NewDriver<'_> {
                 self.generation,
                 &mut bytes,
                 fields,
+                &PendingChange::None,
                 self.timeout,
             ) {
                 Ok(_) => self
@@ -800,6 +802,7 @@ impl NewDriver<'_> {
             self.generation,
             msg,
             fields,
+            &request.change,
             self.timeout,
         ) {
             Ok(patches) => request.request.patches = patches,
