@@ -630,6 +630,27 @@ def test_a_request_to_a_hung_driver_completes_after_its_deadline(mount, driver):
         assert (m.mnt / "before").read_text() == "before"
 
 
+@pytest.mark.parametrize("driver", DIR_DRIVERS)
+def test_a_driver_that_hangs_on_a_lookup_of_rebound_is_found(mount, driver):
+    """After a restart, the first open of a file the kernel knows makes rebound look it up
+    in the new driver (which was not asked for it yet). That driver is stopped first: the
+    lookup rebound waits for counts as a waiting request, so the probe finds the hang (it
+    once waited for the lookup's 60 s, with the kernel's request not yet sent and so no
+    probe), and the read succeeds from the driver after it."""
+    config = toml(request_timeout_ms=600000, probe_timeout_ms=1000, restart_backoff_ms=0)
+    with mount(driver, "rebound", config=config) as m:
+        (m.mnt / "d").mkdir()
+        (m.mnt / "d" / "f").write_bytes(b"y" * 2345)
+        status = wait_serving(m)
+        first = wait_serving(m, kill_driver(m, status))
+        recovered = kill_driver(m, first, signal.SIGSTOP)
+        err, size = in_child(m, "read", m.mnt / "d" / "f", timeout=20)
+        assert (errname(err), size) == ("success", 2345), explain(m, f"read: {errname(err)}")
+        after = wait_serving(m, recovered, timeout=20)
+        assert after["failures"] == 2, explain(m, after)
+        assert "probe" in (after["last_failure"] or ""), explain(m, after["last_failure"])
+
+
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_a_hung_driver_is_found_by_the_liveness_probe(mount, driver):
     """The driver is stopped while a request waits, with the request deadline set far out:

@@ -496,7 +496,7 @@ impl Proxy {
 
     /// Since when the longest-waiting request sent to the driver waits; `None` if none does.
     pub fn waiting_since(&self) -> Option<Instant> {
-        self.shared.inflight.oldest_sent()
+        oldest_waiting(&self.shared)
     }
 
     /// A reader of [`Proxy::held_objects`] that other threads can keep.
@@ -753,7 +753,7 @@ impl Proxy {
                 ));
             }
         }
-        let oldest = shared.inflight.oldest_sent()?;
+        let oldest = oldest_waiting(shared)?;
         let waited = now.duration_since(oldest);
         if waited >= request_timeout {
             return Some(format!(
@@ -827,6 +827,17 @@ impl Proxy {
         let generation = self.shared.link().current().map_or(0, |(_, g)| g);
         deliver_driver_message(&self.shared, &mut buf[..got], generation);
         Ok(got)
+    }
+}
+
+/// Since when the driver has left the oldest request unanswered: the kernel's, or one of
+/// rebound's own that a kernel request waits for (a lookup of a node a restarted driver has
+/// not been asked for yet).
+fn oldest_waiting(shared: &Shared) -> Option<Instant> {
+    let own = shared.calls.oldest_waiting();
+    match (shared.inflight.oldest_sent(), own) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 

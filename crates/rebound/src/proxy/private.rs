@@ -18,6 +18,13 @@ use zerocopy::FromBytes;
 
 const PRIVATE_BIT: u64 = 1 << 62;
 
+/// One of rebound's own requests, waiting for its reply.
+struct Call {
+    sent: Instant,
+    /// `None` until the reply arrives.
+    reply: Option<Vec<u8>>,
+}
+
 /// Whether a reply answers one of rebound's own requests.
 pub fn is_private(unique: u64) -> bool {
     unique & PRIVATE_BIT != 0
@@ -27,8 +34,7 @@ pub fn is_private(unique: u64) -> bool {
 #[derive(Default)]
 pub struct PrivateCalls {
     next: AtomicU64,
-    /// `None` until the reply arrives.
-    waiting: Mutex<HashMap<u64, Option<Vec<u8>>>>,
+    waiting: Mutex<HashMap<u64, Call>>,
     arrived: Condvar,
     /// The liveness probe in flight, if any, and when it was sent.
     probe: Mutex<Option<(u64, Instant)>>,
@@ -52,8 +58,12 @@ impl PrivateCalls {
         timeout: Duration,
     ) -> io::Result<Vec<Vec<u8>>> {
         let aborts = self.aborts.load(Ordering::Relaxed);
-        self.lock()
-            .extend(requests.iter().map(|(unique, _)| (*unique, None)));
+        let sent = Instant::now();
+        self.lock().extend(
+            requests
+                .iter()
+                .map(|(unique, _)| (*unique, Call { sent, reply: None })),
+        );
         let forget_all = || {
             let mut waiting = self.lock();
             for (unique, _) in requests {
@@ -80,11 +90,16 @@ impl PrivateCalls {
             }
             let arrived = requests
                 .iter()
-                .all(|(unique, _)| matches!(waiting.get(unique), Some(Some(_))));
+                .all(|(unique, _)| waiting.get(unique).is_some_and(|c| c.reply.is_some()));
             if arrived {
                 return Ok(requests
                     .iter()
-                    .map(|(unique, _)| waiting.remove(unique).flatten().unwrap_or_default())
+                    .map(|(unique, _)| {
+                        waiting
+                            .remove(unique)
+                            .and_then(|c| c.reply)
+                            .unwrap_or_default()
+                    })
                     .collect());
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -155,14 +170,24 @@ impl PrivateCalls {
             }
         }
         let mut waiting = self.lock();
-        if let Some(slot) = waiting.get_mut(&unique) {
-            *slot = Some(reply.to_vec());
+        if let Some(call) = waiting.get_mut(&unique) {
+            call.reply = Some(reply.to_vec());
             self.arrived.notify_all();
         }
         false
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Option<Vec<u8>>>> {
+    /// Since when the oldest call still unanswered has waited (a lookup a request waits for:
+    /// a driver that stopped answering it hangs as much as one that leaves a request).
+    pub fn oldest_waiting(&self) -> Option<Instant> {
+        self.lock()
+            .values()
+            .filter(|c| c.reply.is_none())
+            .map(|c| c.sent)
+            .min()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Call>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
