@@ -192,9 +192,12 @@ def test_names_the_kernel_cached_are_removed_and_renamed_after_a_kill(mount, dri
 
 # Drivers whose short kill test is not yet reliable, with what it showed.
 NOT_YET_THROUGH_KILLS = {
-    "gocryptfs": "in 4 of 10 runs (2026-11-25) one read after kills returned a whole 4 KiB "
-                 "block (block-aligned: +270336) as it was before an acknowledged write (1 "
-                 "mismatch in ~10,000 operations, 10 kills); not yet explained",
+    "gocryptfs": "in 4 of 10 runs (2026-11-25), and 2 of 8 after the fixes of 2026-11-25 "
+                 "(restart grace, entries asked for first), one read after kills returned "
+                 "data of a whole 4 KiB block as it was before an acknowledged write (1 "
+                 "mismatch in ~10,000 operations, 10-23 kills); the requests in flight at "
+                 "those failures were SETATTRs (truncates), FSYNCs and READs; not yet "
+                 "explained",
     "rclone": "its VFS write cache is not crash-safe: a file open for writing at a kill is "
               "known to the new rclone, whose reads of it fail (ENOENT, 'vfs cache: failed to "
               "_ensure cache object not found'); 1 application error at the 1st kill "
@@ -264,12 +267,6 @@ ALL_DRIVERS = os.environ.get("REBOUND_ALL_DRIVERS") == "1"
 # Drivers not yet through the storm, with what it showed (tests/run-e2e.sh --all-drivers,
 # 2026-11-25); the README's table lists them.
 NOT_YET_THROUGH_A_STORM = {
-    "fuse-overlayfs": "new drivers abort (SIGABRT; nothing on stderr, which it closes once "
-                      "daemonized) 10-20 ms after their restore, again and again: 1,521 "
-                      "restarts for 79 injected failures; in another run two requests stayed "
-                      "unanswered 30 s after the 4th restart while the driver answered rebound's "
-                      "probes and rebound saw no request past its deadline (2026-11-25, "
-                      "sandboxed); not yet explained",
     "securefs": "its INIT derives its key (0.4-1 s per restart), and under kills 0.2-1 s apart "
                 "new drivers closed their channel on their own (79 times) or hung (27) during "
                 "their restore, until the workload's 180 s ran out (2026-11-25)",

@@ -166,7 +166,13 @@ fn describe(request: &Inflight) -> String {
                 .into_iter()
                 .filter_map(|f| read_u64(&bytes, f.at()))
                 .collect();
-            format!("{:?} {ids:?}", req.opcode)
+            // Where a READ or WRITE lands (both begin fh, offset, size).
+            let range = matches!(req.opcode, Some(Opcode::Read | Opcode::Write))
+                .then(|| fuse_wire::abi::ReadIn::read_from_prefix(req.body).ok())
+                .flatten()
+                .map(|(io, _)| format!(" at {} +{}", io.offset, io.size))
+                .unwrap_or_default();
+            format!("{:?} {ids:?}{range}", req.opcode)
         }
         Err(_) => format!("opcode {}", request.opcode),
     }
