@@ -90,36 +90,34 @@ if ! up_to_date "$bin/gofuse-loopback" "$gofuse/main.go" "$gofuse/go.mod" "$gofu
   mv "$bin/gofuse-loopback.new" "$bin/gofuse-loopback"
 fi
 
-# A Rust driver: fuser's `simple` example, unmodified, from the crate's crates.io archive (its
-# examples ship in it), built with its own locked dependencies.
-fuser_crate=fuser-0.15.1
-if [ ! -x "$bin/fuser-simple" ]; then
-  echo "setup: building fuser-simple ($fuser_crate's examples/simple.rs)" >&2
-  archive=$(crate_archive fuser "${fuser_crate#fuser-}")
-  src="$tests/.build/$fuser_crate"
+# build_crate CRATE VERSION OUT ARTIFACT [CARGO ARGS...]: builds a crate from its crates.io
+# archive, unmodified, with its own locked dependencies, and copies target/release/ARTIFACT to
+# $bin/OUT.
+build_crate() {
+  local crate=$1 version=$2 out=$3 artifact=$4 archive src
+  shift 4
+  echo "setup: building $out ($crate-$version)" >&2
+  archive=$(crate_archive "$crate" "$version")
+  src="$tests/.build/$crate-$version"
   rm -rf "$src"
   tar xzf "$archive" -C "$tests/.build"
-  # Its pinned toolchain is not needed (any stable builds it); it is no member of our workspace.
+  # A pinned toolchain is not needed (any stable builds it); it is no member of our workspace.
   rm -f "$src/rust-toolchain"
   printf '\n[workspace]\n' >>"$src/Cargo.toml"
   # (Its own code's warnings under a newer compiler are not ours to read.)
-  (cd "$src" && RUSTFLAGS="--cap-lints=allow" cargo build --quiet --release --locked --example simple)
-  cp "$src/target/release/examples/simple" "$bin/fuser-simple"
+  (cd "$src" && RUSTFLAGS="--cap-lints=allow" cargo build --quiet --release --locked "$@")
+  cp "$src/target/release/$artifact" "$bin/$out"
   rm -rf "$src"
+}
+
+# A Rust driver: fuser's `simple` example (its examples ship in its archive).
+if [ ! -x "$bin/fuser-simple" ]; then
+  build_crate fuser 0.15.1 fuser-simple examples/simple --example simple
 fi
 
 # The POSIX conformance suite tests/e2e/test_conformance.py runs on direct and rebound mounts.
-pjdfstest_crate=pjdfstest-0.2.2
 if [ ! -x "$bin/pjdfstest" ]; then
-  echo "setup: building $pjdfstest_crate" >&2
-  archive=$(crate_archive pjdfstest "${pjdfstest_crate#pjdfstest-}")
-  src="$tests/.build/$pjdfstest_crate"
-  rm -rf "$src"
-  tar xzf "$archive" -C "$tests/.build"
-  printf '\n[workspace]\n' >>"$src/Cargo.toml"
-  (cd "$src" && RUSTFLAGS="--cap-lints=allow" cargo build --quiet --release --locked)
-  cp "$src/target/release/pjdfstest" "$bin/pjdfstest"
-  rm -rf "$src"
+  build_crate pjdfstest 0.2.2 pjdfstest pjdfstest
 fi
 
 # The C code base of the benchmark's compile workload: the sources only (no Makefile; bench/run.py

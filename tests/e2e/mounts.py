@@ -226,18 +226,11 @@ def e2fsck(image):
     return res.returncode == 0, res.stdout + res.stderr
 
 
-def make_ext4(image, size):
+def make_image(image, size, mkfs):
+    """A sparse file of `size` bytes at `image`, formatted by the command `mkfs` + [image]."""
     with open(image, "wb") as f:
         f.truncate(size)
-    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True,
-                   timeout=60)
-
-
-def make_ntfs(image, size):
-    with open(image, "wb") as f:
-        f.truncate(size)
-    subprocess.run(["mkntfs", "-q", "-F", "-f", str(image)], check=True, capture_output=True,
-                   timeout=60)
+    subprocess.run(mkfs + [str(image)], check=True, capture_output=True, timeout=60)
 
 
 def ntfsfix(image):
@@ -609,9 +602,9 @@ class Mount:
             subprocess.run([REPO / "scripts" / "reflink-dir.sh", self.img.parent,
                             str(image_size * 2 // MiB + 300)], check=True)
         if store == "image":
-            make_ext4(self.img, image_size)
+            make_image(self.img, image_size, ["mkfs.ext4", "-q", "-F"])
         elif store == "ntfs":
-            make_ntfs(self.img, image_size)
+            make_image(self.img, image_size, ["mkntfs", "-q", "-F", "-f"])
         elif store in ("squashfs", "tar"):
             make_read_only_image(self.img, self.work / "tree", store)
         else:
