@@ -192,12 +192,13 @@ def test_names_the_kernel_cached_are_removed_and_renamed_after_a_kill(mount, dri
 
 # Drivers whose short kill test is not yet reliable, with what it showed.
 NOT_YET_THROUGH_KILLS = {
-    "gocryptfs": "in 4 of 10 runs (2026-11-25), and 2 of 8 after the fixes of 2026-11-25 "
-                 "(restart grace, entries asked for first), one read after kills returned "
-                 "data of a whole 4 KiB block as it was before an acknowledged write (1 "
-                 "mismatch in ~10,000 operations, 10-23 kills); the requests in flight at "
-                 "those failures were SETATTRs (truncates), FSYNCs and READs; not yet "
-                 "explained",
+    "gocryptfs": "its truncate is not crash-safe: it shrinks a file to a size inside a block "
+                 "by truncating the ciphertext to the block's start and then writing the "
+                 "block's remaining part back, so a kill between the two loses that part "
+                 "(zeros once the truncate is sent again; scripts/repro-gocryptfs-truncate.py "
+                 "kills it there with strace: zeros from the block's start, 2026-11-25). In 2 "
+                 "of 8 runs a read after kills differed from the block's start, with a "
+                 "truncate in flight at the failure before it",
     "rclone": "its VFS write cache is not crash-safe: a file open for writing at a kill is "
               "known to the new rclone, whose reads of it fail (ENOENT, 'vfs cache: failed to "
               "_ensure cache object not found'); 1 application error at the 1st kill "
@@ -267,9 +268,12 @@ ALL_DRIVERS = os.environ.get("REBOUND_ALL_DRIVERS") == "1"
 # Drivers not yet through the storm, with what it showed (tests/run-e2e.sh --all-drivers,
 # 2026-11-25); the README's table lists them.
 NOT_YET_THROUGH_A_STORM = {
-    "securefs": "its INIT derives its key (0.4-1 s per restart), and under kills 0.2-1 s apart "
-                "new drivers closed their channel on their own (79 times) or hung (27) during "
-                "their restore, until the workload's 180 s ran out (2026-11-25)",
+    "securefs": "it derives its key at every start (0.4-1 s), so under failures 0.2-1 s "
+                "apart (most before a standby is ready) the tree workload did not finish in "
+                "the run's 180 s (unpack 98 s, verify 82 s), which then aborted the mount; "
+                "every one of the 133 failures was one injected, and nothing failed before "
+                "the abort (2026-11-25, after the fixes of that day; before, 79 new drivers "
+                "had closed their channel on their own)",
     # The short kill test shows why already (NOT_YET_THROUGH_KILLS).
     "rclone": "its VFS write cache is not crash-safe (see the short kill test)",
     "fuser": "its store is not crash-safe (see the short kill test)",
