@@ -269,9 +269,20 @@ def driver_waiting_on_its_own_mount(running):
             return holds and waits
         return False
 
+    def seen(pid):
+        """What `waiting` looks at, for the failure message."""
+        with contextlib.suppress(OSError):
+            fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            wchans = [Path(f"/proc/{pid}/task/{tid}/wchan").read_text()
+                      for tid in os.listdir(f"/proc/{pid}/task")]
+            return f"pid {pid}: mount files {[f for f in fds if f.startswith(str(r.mnt))]}, " \
+                   f"waits {sorted(set(wchans))}"
+        return f"pid {pid}: gone"
+
     pid = mounts.wait_for(lambda: next(filter(waiting, mounts.descendants(r.proc.pid)), None),
                           10)
-    assert pid, f"the driver did not open {good} and wait on its own lookup:\n{r.stderr()}"
+    assert pid, f"the driver did not open {good} and wait on its own lookup " \
+                f"({[seen(p) for p in mounts.descendants(r.proc.pid)]}):\n{r.stderr()}"
     return r, pid
 
 
