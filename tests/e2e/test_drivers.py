@@ -11,6 +11,7 @@ command does: tests/run-e2e.sh --all-drivers), or measure recovery latency (benc
 import hashlib
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -188,6 +189,35 @@ def test_names_the_kernel_cached_are_removed_and_renamed_after_a_kill(mount, dri
         assert (m.mnt / "d" / "f2").read_bytes() == b"1" * 100
         after = chaos.mount_status(m.mnt)
         assert after["restarts"] == status["restarts"] + 1, after
+
+
+@pytest.mark.rebound
+@pytest.mark.recovery
+@pytest.mark.parametrize("driver", WRITABLE)
+def test_a_refused_reply_and_a_hang_are_recovered(mount, driver):
+    """A driver message corrupted in transit (`rebound inject --fault corrupt`: a header bit
+    flipped, sometimes the body cut short) is refused and the driver restarted; then the
+    driver is stopped (SIGSTOP) and rebound's probe finds it. A file written before reads
+    back right after each, with no error."""
+    data = os.urandom(300_000)
+    with mount(driver, "rebound", config=CONFIG + DRIVER_CONFIG.get(driver, ""),
+               reflink=driver in REFLINK) as m:
+        (m.mnt / "f").write_bytes(data)
+        status = wait_serving(m)
+        res = subprocess.run([str(mounts.rebound_bin()), "inject", "--fault", "corrupt",
+                              "--seed", "3", "--mount", str(m.mnt), "--count", "1"],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert workloads.read_uncached(m.mnt / "f") == data
+        refused = wait_serving(m, chaos.recovered_from(status["driver_pid"],
+                                                       status["restarts"]))
+        assert refused["failures_by_cause"].get("refused_reply") == 1, refused
+        assert chaos.signal_descendant(refused["driver_pid"], refused["rebound_pid"],
+                                       signal.SIGSTOP)
+        assert workloads.read_uncached(m.mnt / "f") == data
+        hung = wait_serving(m, chaos.recovered_from(refused["driver_pid"],
+                                                    refused["restarts"]))
+        assert hung["failures_by_cause"].get("hang") == 1, hung
 
 
 # Drivers whose short kill test is not yet reliable, with what it showed.
