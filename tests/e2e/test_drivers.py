@@ -227,8 +227,9 @@ NOT_YET_THROUGH_KILLS = {
                  "block's remaining part back, so a kill between the two loses that part "
                  "(zeros once the truncate is sent again; scripts/repro-gocryptfs-truncate.py "
                  "kills it there with strace: zeros from the block's start, 2026-11-25). In 2 "
-                 "of 8 runs a read after kills differed from the block's start, with a "
-                 "truncate in flight at the failure before it",
+                 "of 8 runs a read after kills differed from the model (once from a block's "
+                 "start, once right after a failure with a truncate in flight), which fits; "
+                 "neither run's mismatch was tied to one truncate",
     "rclone": "its VFS write cache is not crash-safe: a file open for writing at a kill is "
               "known to the new rclone, whose reads of it fail (ENOENT, 'vfs cache: failed to "
               "_ensure cache object not found'); 1 application error at the 1st kill "
