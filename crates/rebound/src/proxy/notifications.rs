@@ -13,13 +13,12 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::Mutex;
 
 use rustix::io::Errno;
 
 /// Notifications checked and in the kernel's ids, waiting for their writer.
 pub struct NotificationQueue {
-    sender: Mutex<Sender<Vec<u8>>>,
+    sender: Sender<Vec<u8>>,
 }
 
 impl NotificationQueue {
@@ -33,17 +32,14 @@ impl NotificationQueue {
         std::thread::Builder::new()
             .name("notifications".into())
             .spawn(move || write_all(&kernel, &receiver, on_kernel_gone))?;
-        Ok(NotificationQueue {
-            sender: Mutex::new(sender),
-        })
+        Ok(NotificationQueue { sender })
     }
 
     /// Queues one notification (unbounded: the kernel holds one back only while a request
     /// the driver is answering holds what it needs).
     pub fn push(&self, msg: &[u8]) {
-        let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
         // Only fails once the writer has ended with the kernel's connection.
-        let _ = sender.send(msg.to_vec());
+        let _ = self.sender.send(msg.to_vec());
     }
 }
 
