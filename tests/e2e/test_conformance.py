@@ -41,24 +41,32 @@ UNSTEADY = {
     # Run alone 12 times on a direct mount: 4 FAILED, 8 ok (2026-11-25).
     "rclone": {"rename::preserve_metadata_dir"},
 }
+# How many more times a test whose outcomes differ is run alone on each mount.
+RERUNS = 3
 
 
-def pjdfstest(m):
-    """Runs the whole suite in m.mnt; returns {test: "ok" | "FAILED" | "skipped"}."""
+def pjdfstest(m, tests=()):
+    """Runs the suite (or only the named tests) in m.mnt; returns {test: "ok" | "FAILED" |
+    "skipped"} and {test: what it printed when it failed}."""
     config = m.work / "pjdfstest.toml"
     config.write_text(CONFIG)
     # It exits non-zero when a test fails (the direct mounts fail some): its outcomes count.
     res = subprocess.run([str(mounts.fixture_bin("pjdfstest")), "-c", str(config),
-                          "-p", str(m.mnt)], capture_output=True, text=True, timeout=600,
+                          "-p", str(m.mnt)]
+                         + (["-e", *(f"pjdfstest::tests::{t}" for t in tests)] if tests else []),
+                         capture_output=True, text=True, timeout=600,
                          env={"RUST_BACKTRACE": "0", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
-    outcomes = {}
+    outcomes, messages, last = {}, {}, None
     for line in res.stdout.splitlines():
         words = line.split()
         if len(words) == 2 and "::" in words[0] and words[1] in ("ok", "FAILED", "skipped"):
-            outcomes[words[0]] = words[1]
+            last = words[0]
+            outcomes[last] = words[1]
+        elif line.startswith("\t") and last is not None and outcomes[last] == "FAILED":
+            messages[last] = (messages.get(last, "") + " " + line.strip()).strip()
     assert outcomes, f"pjdfstest printed no outcome (exit {res.returncode}):\n" \
                      f"{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
-    return outcomes
+    return outcomes, messages
 
 
 def summary(outcomes):
@@ -71,19 +79,45 @@ def summary(outcomes):
 @pytest.mark.rebound
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_posix_conformance_is_the_same_under_rebound(mount, driver):
-    with mount(driver, "direct", allow_other=True) as m:
-        direct = pjdfstest(m)
-    with mount(driver, "rebound", allow_other=True, config=DRIVER_CONFIG.get(driver, ""),
-               reflink=driver in REFLINK) as m:
-        rebound = pjdfstest(m)
+    """The whole suite on each mount; a test whose outcomes differ is run alone RERUNS times
+    more on each. The difference stands unless the direct mount itself gave both outcomes:
+    then the driver does not repeat it (seen once in CI: sshfs's open::etxtbsy FAILED in the
+    suite on its direct mount, never in 300 runs alone, under load or not)."""
+    runs = {"direct": [], "rebound": []}
+    messages = {}
+    for attempt in range(1 + RERUNS):
+        differing = sorted(rerun_candidates(runs, driver)) if attempt else ()
+        if attempt and not differing:
+            break
+        for mode in runs:
+            options = {} if mode == "direct" else {
+                "config": DRIVER_CONFIG.get(driver, ""), "reflink": driver in REFLINK}
+            with mount(driver, mode, allow_other=True, **options) as m:
+                outcomes, failed = pjdfstest(m, differing)
+            runs[mode].append(outcomes)
+            messages.update({(mode, t): why for t, why in failed.items()})
+    direct, rebound = runs["direct"][0], runs["rebound"][0]
     print(f"{driver}: direct {summary(direct)}, rebound {summary(rebound)}")
     # The suite really ran on the direct mount: every test has its outcome, and some pass
     # (rclone, with neither modes nor owners nor special files, passes fewest: 53).
     assert len(direct) >= 390 and summary(direct).get("ok", 0) >= 40, summary(direct)
-    differing = sorted(t for t in direct.keys() | rebound.keys()
-                       if direct.get(t) != rebound.get(t) and t not in UNSTEADY.get(driver, ()))
-    assert not differing, "\n".join(f"{t}: direct {direct.get(t)}, rebound {rebound.get(t)}"
-                                    for t in differing)
+    unsteady = {t for t in rerun_candidates(runs, driver)
+                if len({run.get(t) for run in runs["direct"]}) > 1}
+    for t in sorted(unsteady):
+        print(f"{t} is unsteady on the direct mount: {[run.get(t) for run in runs['direct']]}, "
+              f"under rebound {[run.get(t) for run in runs['rebound']]}")
+    differing = sorted(rerun_candidates(runs, driver) - unsteady)
+    assert not differing, "\n".join(
+        f"{t}: direct {[run.get(t) for run in runs['direct']]} "
+        f"{messages.get(('direct', t), '')}, rebound {[run.get(t) for run in runs['rebound']]} "
+        f"{messages.get(('rebound', t), '')}" for t in differing)
+
+
+def rerun_candidates(runs, driver):
+    """The tests whose outcome differs between the two mounts in any run so far."""
+    return {t for direct, rebound in zip(runs["direct"], runs["rebound"])
+            for t in direct.keys() | rebound.keys()
+            if direct.get(t) != rebound.get(t) and t not in UNSTEADY.get(driver, ())}
 
 
 @pytest.mark.rebound
@@ -92,10 +126,10 @@ def test_the_suite_sees_a_driver_kept_from_its_capabilities(mount):
     then cannot act for other users: chown, setgid bits, a device node) fails tests that pass
     on its direct mount."""
     with mount("passthrough_ll", "direct", allow_other=True) as m:
-        direct = pjdfstest(m)
+        direct, _ = pjdfstest(m)
     with mount("passthrough_ll", "rebound", allow_other=True,
                config="[sandbox]\ncapabilities = []\n") as m:
-        bare = pjdfstest(m)
+        bare, _ = pjdfstest(m)
     lost = sorted(t for t, outcome in direct.items() if outcome == "ok" and bare.get(t) == "FAILED")
     print(f"{len(lost)} tests fail without capabilities, e.g. {lost[:3]}")
     assert len(lost) >= 10, lost

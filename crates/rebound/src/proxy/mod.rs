@@ -73,6 +73,9 @@ pub enum ProxyEvent {
     RecoveryFailed = 5,
     /// A recovery's latency was measured ([`Proxy::take_recovery_latencies`]).
     RecoveryMeasured = 6,
+    /// A driver answered INIT: the process that serves is known now, even when the one that
+    /// mounted (a daemonizing driver's parent) has not been reaped yet.
+    Initialized = 7,
 }
 
 impl ProxyEvent {
@@ -84,6 +87,7 @@ impl ProxyEvent {
             4 => ProxyEvent::Recovered,
             5 => ProxyEvent::RecoveryFailed,
             6 => ProxyEvent::RecoveryMeasured,
+            7 => ProxyEvent::Initialized,
             _ => return None,
         })
     }
@@ -1276,6 +1280,7 @@ fn deliver_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) {
                     init.minor,
                     init.max_write
                 );
+                shared.report(ProxyEvent::Initialized);
             }
             Err(e) => {
                 drop(link);

@@ -233,8 +233,7 @@ fn handle_mount(
 /// itself does not look at its mount afterwards, and the copy would only keep the connection
 /// alive after the host's mount is gone. Returns whether the caller is a helper.
 fn show_to_helper(pid: u32, target: &Path) -> bool {
-    let by_helper = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .is_ok_and(|name| name.starts_with("fusermount"));
+    let by_helper = super::process::is_mount_helper(pid as i32);
     if by_helper {
         if let Err(e) = show_in_callers_namespace(pid, target) {
             tracing::warn!(

@@ -798,6 +798,15 @@ impl Run<'_> {
                 // failures can come faster than ticks.
                 self.keep_standby(Instant::now());
             }
+            ProxyEvent::Initialized => {
+                // A daemonizing driver's child answers INIT; its parent may still be waiting
+                // to be reaped, and the status must not name it meanwhile.
+                if matches!(self.phase, Phase::Serving) {
+                    if let Some(serving) = process::holder_of_socket(s.channel_inode) {
+                        self.board.update(|b| b.driver_pid = Some(serving));
+                    }
+                }
+            }
             ProxyEvent::RecoveryMeasured => {
                 for timing in s.proxy.take_recovery_timings() {
                     let phases: Vec<String> = timing

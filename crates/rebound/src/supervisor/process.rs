@@ -222,20 +222,31 @@ pub fn signal_all(signal: Signal, spare: &[i32]) {
     }
 }
 
+/// Whether `pid` is a mount helper (`fusermount`, `fusermount3`).
+pub fn is_mount_helper(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .is_ok_and(|name| name.starts_with("fusermount"))
+}
+
 /// The descendant that holds a descriptor on the socket with inode `inode`: the process that
-/// serves the mount (the daemon, after a driver daemonizes).
+/// serves the mount (the daemon, after a driver daemonizes). A mount helper (`fusermount3`),
+/// which may hold it while it hands it over, never serves.
 pub fn holder_of_socket(inode: u64) -> Option<i32> {
     let needle = format!("socket:[{inode}]");
     // Children first: a driver that is daemonizing holds the channel in both processes for
     // a moment, and the child is the one that will serve.
-    descendants().into_iter().rev().find(|pid| {
-        std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|fd| {
-                std::fs::read_link(fd.path())
-                    .is_ok_and(|target| target.as_os_str() == needle.as_str())
-            })
-    })
+    descendants()
+        .into_iter()
+        .rev()
+        .filter(|&pid| !is_mount_helper(pid))
+        .find(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|target| target.as_os_str() == needle.as_str())
+                })
+        })
 }
