@@ -339,10 +339,7 @@ def test_a_tree_is_unpacked_and_checked_through_a_storm_of_failures(mount, tree_
 @pytest.mark.rebound
 @pytest.mark.recovery
 @pytest.mark.skipif(not ALL_DRIVERS, reason="long: tests/run-e2e.sh --all-drivers")
-@pytest.mark.parametrize("driver", skipping(["lxcfs"], {
-    "lxcfs": "in 2 of 6 runs of the full suite (2026-11-25) the injector made only 1 failure "
-             "in 10 s (its next target was not taken for a live process of the run); passes "
-             "when run alone; not yet explained"}))
+@pytest.mark.parametrize("driver", ["lxcfs"])
 def test_lxcfs_is_read_right_while_it_is_killed(mount, driver):
     """Its files read right again and again while it is killed every 0.3-1 s."""
     with mount(driver, "rebound", config=CONFIG + DRIVER_CONFIG[driver]) as m:

@@ -228,18 +228,18 @@ pub fn is_mount_helper(pid: i32) -> bool {
         .is_ok_and(|name| name.starts_with("fusermount"))
 }
 
-/// The descendant that holds a descriptor on the socket with inode `inode`: the process that
-/// serves the mount (the daemon, after a driver daemonizes). A mount helper (`fusermount3`),
-/// which may hold it while it hands it over, never serves.
+/// The descendant that serves the mount, of those holding a descriptor on the channel (the
+/// socket with inode `inode`). A driver's forks hold it too: lxcfs reads containers' figures
+/// in short-lived children, a helper (`fusermount3`) holds it while it hands it over, and a
+/// daemonizing driver holds it in parent and child for a moment. The serving one is the
+/// deepest that leads its session (rebound starts each driver in a session of its own, and a
+/// daemon calls `setsid`), else the shallowest.
 pub fn holder_of_socket(inode: u64) -> Option<i32> {
     let needle = format!("socket:[{inode}]");
-    // Children first: a driver that is daemonizing holds the channel in both processes for
-    // a moment, and the child is the one that will serve.
-    descendants()
+    let holders: Vec<i32> = descendants()
         .into_iter()
-        .rev()
         .filter(|&pid| !is_mount_helper(pid))
-        .find(|pid| {
+        .filter(|pid| {
             std::fs::read_dir(format!("/proc/{pid}/fd"))
                 .into_iter()
                 .flatten()
@@ -249,4 +249,12 @@ pub fn holder_of_socket(inode: u64) -> Option<i32> {
                         .is_ok_and(|target| target.as_os_str() == needle.as_str())
                 })
         })
+        .collect();
+    let leads_session = |&&pid: &&i32| stat_field(&format!("/proc/{pid}/stat"), 3) == Some(pid);
+    holders
+        .iter()
+        .rev()
+        .find(leads_session)
+        .or(holders.first())
+        .copied()
 }
