@@ -16,3 +16,14 @@ test:
 
 demo:
 	scripts/demo.sh $(ARGS)
+
+# Installs rebound, the mount helper (mount -t rebound.DRIVER, fstab) and the systemd unit.
+PREFIX ?= /usr/local
+.PHONY: install
+install:
+	cargo build --release
+	install -D -m 755 target/release/rebound $(DESTDIR)$(PREFIX)/bin/rebound
+	install -d $(DESTDIR)/sbin
+	ln -sf $(PREFIX)/bin/rebound $(DESTDIR)/sbin/mount.rebound
+	install -D -m 644 contrib/systemd/rebound@.service $(DESTDIR)/etc/systemd/system/rebound@.service
+	install -d $(DESTDIR)/etc/rebound

@@ -78,6 +78,51 @@ pub struct Config {
     pub sandbox: SandboxConfig,
     /// What the driver may consume, and when hoarding means it must be restarted.
     pub limits: Limits,
+    /// Prometheus metrics of the mount (off unless a key is set).
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: where the mount's metrics are exposed, in Prometheus' text format.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// `ADDRESS:PORT` to answer `GET /metrics` on (`"127.0.0.1:9464"`).
+    pub listen: Option<String>,
+    /// A file rewritten with the metrics every `textfile_interval_ms` (for node_exporter's
+    /// textfile collector).
+    pub textfile: Option<PathBuf>,
+    pub textfile_interval_ms: u64,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: None,
+            textfile: None,
+            textfile_interval_ms: 10_000,
+        }
+    }
+}
+
+impl MetricsConfig {
+    /// The address to listen on, if one is set.
+    pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        self.listen.as_deref().and_then(|a| a.parse().ok())
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if let Some(listen) = &self.listen {
+            if listen.parse::<std::net::SocketAddr>().is_err() {
+                return Err(format!(
+                    "metrics.listen: `{listen}` is not ADDRESS:PORT (e.g. \"127.0.0.1:9464\")"
+                ));
+            }
+        }
+        if self.textfile_interval_ms < 100 {
+            return Err("metrics.textfile_interval_ms: must be at least 100".into());
+        }
+        Ok(())
+    }
 }
 
 /// `[sandbox]`: the driver's confinement (see the README's configuration table).
@@ -242,6 +287,7 @@ impl Default for Config {
             standby: StandbyPolicy::Auto,
             sandbox: SandboxConfig::default(),
             limits: Limits::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -339,6 +385,7 @@ impl Config {
             ));
         }
         self.sandbox.check()?;
+        self.metrics.check()?;
         self.limits.check()
     }
 
@@ -568,6 +615,13 @@ mod tests {
         assert!(err.starts_with("sandbox.capabilities:"), "{err}");
         let err = Config::parse("[sandbox]\nallow_syscalls = [\"read\"]\n").unwrap_err();
         assert!(err.starts_with("sandbox.allow_syscalls:"), "{err}");
+        let err = Config::parse("[metrics]\nlisten = \"localhost\"\n").unwrap_err();
+        assert!(err.starts_with("metrics.listen:"), "{err}");
+        let config = Config::parse("[metrics]\nlisten = \"127.0.0.1:9464\"\n").unwrap();
+        assert_eq!(
+            config.metrics.listen_addr(),
+            Some(([127, 0, 0, 1], 9464).into())
+        );
         let err = Config::parse("[limit]\ntasks = 5\n").unwrap_err();
         assert!(err.contains("limit"), "{err}");
         assert!(!err.contains('\n'), "{err}");

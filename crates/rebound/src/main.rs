@@ -1,6 +1,6 @@
 //! `rebound`: the command line. Parses arguments, sets up logging, hands over to the
-//! supervisor (`run`), the control socket's client (`status`, `restart`) or the fault injector
-//! (`inject`); nothing else lives here.
+//! supervisor (`run`), the control socket's client (`status`, `restart`, `upgrade`), the fault
+//! injector (`inject`) or, run as `mount.rebound`, the mount helper; nothing else lives here.
 
 mod capability_trace;
 mod cgroup;
@@ -8,9 +8,13 @@ mod checkpoint;
 mod config;
 mod control;
 mod inject;
+mod logging;
+mod metrics;
+mod mount_helper;
 mod paths;
 mod proxy;
 mod sandbox;
+mod service;
 mod supervisor;
 
 use std::ffi::OsString;
@@ -18,9 +22,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
 
 use config::Config;
+use control::OperatorRequest;
 
 /// Keep FUSE file systems alive across driver crashes: run an unmodified driver behind an
 /// isolation layer that owns its kernel connection.
@@ -65,25 +69,44 @@ enum Verb {
         /// The mount point, as served by a `rebound run`.
         mountpoint: PathBuf,
     },
+    /// Replace the driver of a mount, keeping the mount and every open file: by a new build
+    /// of the same command line (`rebound upgrade /mnt/disk`), or by another command line
+    /// (`rebound upgrade /mnt/disk -- fuse2fs-new disk.img /mnt/disk`).
+    Upgrade {
+        /// The mount point, as served by a `rebound run`.
+        mountpoint: PathBuf,
+        /// The new driver command line; without it, the driver's own is run anew.
+        #[arg(last = true, value_name = "DRIVER")]
+        driver: Vec<OsString>,
+    },
     /// Inject faults into a live driver (Nooks' fault types, and more):
     /// `rebound inject --mount /mnt/disk --fault pointer --count 5 --seed 7`.
     Inject(inject::InjectArgs),
 }
 
 fn main() -> ExitCode {
+    if mount_helper::invoked_as_helper() {
+        let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+        return mount_helper::main(&args);
+    }
     let cli = Cli::parse();
     let default_level = match cli.verbose {
         0 => "info",
         1 => "debug",
         _ => "trace",
     };
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .init();
+    // A run's journal entries carry its mount point (as its command line names it) and driver.
+    let mut fields = Vec::new();
+    if let Verb::Run { driver, .. } = &cli.command {
+        if let Some(program) = driver.first() {
+            fields.push(("REBOUND_DRIVER", program.to_string_lossy().into_owned()));
+        }
+        let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+        if let Some(mountpoint) = sandbox::named::likely_mountpoint(driver, &cwd) {
+            fields.push(("REBOUND_MOUNTPOINT", mountpoint.display().to_string()));
+        }
+    }
+    logging::init(default_level, &fields);
 
     match cli.command {
         Verb::Inject(args) => match inject::run(args) {
@@ -108,38 +131,16 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Verb::Restart { mountpoint } => {
-            let Some((socket, status)) = control::find_run(&control::run_dir(), &mountpoint) else {
-                eprintln!("rebound: no rebound run serves {}", mountpoint.display());
-                return ExitCode::from(1);
+        Verb::Restart { mountpoint } => ask_run(&mountpoint, OperatorRequest::Restart),
+        Verb::Upgrade { mountpoint, driver } => {
+            let request = match upgrade_command(&mountpoint, driver) {
+                Ok(argv) => OperatorRequest::Upgrade(argv),
+                Err(message) => {
+                    eprintln!("rebound: upgrade: {message}");
+                    return ExitCode::from(2);
+                }
             };
-            match control::request_restart(&socket) {
-                Ok(answer) if answer.ok => {
-                    match answer.recovery_ms {
-                        Some(ms) => println!(
-                            "restarted the driver of {} in {ms:.1} ms",
-                            status.mountpoint
-                        ),
-                        None => println!("restarted the driver of {}", status.mountpoint),
-                    }
-                    ExitCode::SUCCESS
-                }
-                Ok(answer) => {
-                    eprintln!(
-                        "rebound: restarting the driver of {}: {}",
-                        status.mountpoint,
-                        answer.error.as_deref().unwrap_or("failed")
-                    );
-                    ExitCode::from(1)
-                }
-                Err(e) => {
-                    eprintln!(
-                        "rebound: restarting the driver of {}: {e}",
-                        status.mountpoint
-                    );
-                    ExitCode::from(1)
-                }
-            }
+            ask_run(&mountpoint, request)
         }
         Verb::Run {
             config,
@@ -165,4 +166,77 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Asks the run that serves `mountpoint` for `request` (a restart or an upgrade) and says
+/// how it went.
+fn ask_run(mountpoint: &std::path::Path, request: OperatorRequest) -> ExitCode {
+    let Some((socket, status)) = control::find_run(&control::run_dir(), mountpoint) else {
+        eprintln!("rebound: no rebound run serves {}", mountpoint.display());
+        return ExitCode::from(1);
+    };
+    let (done, doing) = match request {
+        OperatorRequest::Restart => ("restarted", "restarting"),
+        OperatorRequest::Upgrade(_) => ("upgraded", "upgrading"),
+    };
+    match control::request_restart(&socket, &request) {
+        Ok(answer) if answer.ok => {
+            let took = answer
+                .recovery_ms
+                .map_or_else(String::new, |ms| format!(" in {ms:.1} ms"));
+            println!("{done} the driver of {}{took}", status.mountpoint);
+            ExitCode::SUCCESS
+        }
+        Ok(answer) => {
+            let why = answer.error.as_deref().unwrap_or("failed");
+            eprintln!(
+                "rebound: {doing} the driver of {}: {why}",
+                status.mountpoint
+            );
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("rebound: {doing} the driver of {}: {e}", status.mountpoint);
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The command line `rebound upgrade` sends: none (the driver's own), or `driver` with a
+/// relative program path made absolute. The run resolves the other arguments from its own
+/// working directory, so a relative one that names a file here is refused when the two differ.
+fn upgrade_command(
+    mountpoint: &std::path::Path,
+    driver: Vec<OsString>,
+) -> Result<Option<Vec<OsString>>, String> {
+    let Some((program, args)) = driver.split_first() else {
+        return Ok(None);
+    };
+    let here = std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?;
+    let program = std::path::Path::new(program);
+    let program = if program.is_relative() && program.components().count() > 1 {
+        here.join(program).into_os_string()
+    } else {
+        program.as_os_str().to_owned()
+    };
+    let run_dir = control::find_run(&control::run_dir(), mountpoint)
+        .and_then(|(_, s)| std::fs::read_link(format!("/proc/{}/cwd", s.rebound_pid)).ok());
+    if let Some(run_dir) = run_dir.filter(|dir| *dir != here) {
+        if let Some(relative) = args.iter().find(|a| {
+            let path = std::path::Path::new(a);
+            path.is_relative() && here.join(path).exists()
+        }) {
+            return Err(format!(
+                "`{}` is a relative path, and the run resolves it from its own working \
+                 directory {}: give it as an absolute path",
+                relative.to_string_lossy(),
+                run_dir.display()
+            ));
+        }
+    }
+    Ok(Some(
+        std::iter::once(program)
+            .chain(args.iter().cloned())
+            .collect(),
+    ))
 }

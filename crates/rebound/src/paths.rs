@@ -1,5 +1,6 @@
-//! Paths as rebound compares them: lexically, never by asking the file system (a lookup on a
-//! FUSE mount point could wait on the very driver rebound is dealing with).
+//! Paths as rebound compares them: lexically, or by resolving only what lies above a mount
+//! point, never the mount point itself (a lookup on a FUSE mount point could wait on the very
+//! driver rebound is dealing with).
 
 use std::path::{Component, Path, PathBuf};
 
@@ -17,6 +18,41 @@ pub fn normalize(path: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// The paths `path` may be recorded as: the absolute path, normalised lexically (all that is
+/// left when the path cannot be resolved), and the path with symbolic links resolved. The
+/// mount point itself is never looked at (only its parent is canonicalised, and a symbolic
+/// link in its place read), since a lookup on a mount whose driver hangs would block.
+pub fn mount_point_forms(path: &Path) -> Vec<PathBuf> {
+    let Ok(absolute) = std::path::absolute(path) else {
+        return Vec::new();
+    };
+    let mut forms = vec![normalize(&absolute)];
+    let mut current = absolute;
+    // As many links as the kernel follows (MAXSYMLINKS).
+    for _ in 0..40 {
+        let resolved = match (current.parent(), current.file_name()) {
+            (Some(parent), Some(name)) => match parent.canonicalize() {
+                Ok(parent) => parent.join(name),
+                Err(_) => break,
+            },
+            // `/` or a path ending in `..`: not a mount point of a live FUSE mount we could
+            // block on (the root, or a directory above one).
+            _ => match current.canonicalize() {
+                Ok(resolved) => resolved,
+                Err(_) => break,
+            },
+        };
+        match std::fs::read_link(&resolved) {
+            Ok(target) => current = resolved.parent().unwrap_or(Path::new("/")).join(target),
+            Err(_) => {
+                forms.push(resolved);
+                break;
+            }
+        }
+    }
+    forms
 }
 
 #[cfg(test)]

@@ -126,6 +126,8 @@ pub struct ProxyStats {
     /// Checkpoints made, and the longest (with an image checkpoint, requests wait that long).
     pub checkpoints: AtomicU64,
     pub checkpoint_us_max: AtomicU64,
+    /// Requests and reply latencies by opcode, for the metrics.
+    pub by_opcode: crate::metrics::RequestMetrics,
 }
 
 /// The channel pair a driver gets in place of `/dev/fuse`: rebound's end and the driver's.
@@ -1017,6 +1019,7 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
         }
     }
     shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+    shared.stats.by_opcode.request(info.header.opcode);
     if info.shape == ReplyShape::NoReply {
         drop(link);
         let _ = rustix::net::send(&*driver, msg, SendFlags::NOSIGNAL);
@@ -1478,6 +1481,9 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
         return None;
     }
     shared.stats.replies.fetch_add(1, Ordering::Relaxed);
+    if let Some((_, sent)) = request.sent {
+        shared.stats.by_opcode.reply(request.opcode, sent);
+    }
     let body = &mut msg[size::OUT_HEADER..];
     let request = match suspicion(shared, unique, &request, error, body) {
         Some(why) => doubt(shared, generation, unique, request, &why)?,

@@ -113,7 +113,7 @@ pub fn find(argv: &[OsString], cwd: &Path, env: &dyn Fn(&str) -> Option<OsString
 
 /// The file `program` (argv[0]) names, found as `execvp` would (through `PATH` when it has no
 /// slash).
-fn executable(program: &Path, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
+pub fn executable(program: &Path, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
     if program.as_os_str().as_bytes().contains(&b'/') {
         return Some(normalize(&cwd.join(program)));
     }

@@ -25,6 +25,8 @@ pub struct Watch {
     last_fd_check: Instant,
     /// The open-file limit of each driver process.
     fd_limit: u64,
+    /// What the cgroup had used at the last check.
+    latest: Usage,
 }
 
 impl Watch {
@@ -41,7 +43,13 @@ impl Watch {
             idle_since: None,
             last_fd_check: Instant::now(),
             fd_limit,
+            latest: Usage::default(),
         }
+    }
+
+    /// What the driver's cgroup had used at the last check.
+    pub fn latest(&self) -> Usage {
+        self.latest
     }
 
     /// A new driver starts: what the cgroup counted so far was its predecessor's.
@@ -76,6 +84,7 @@ impl Watch {
         let now = Instant::now();
         if let Some(cgroup) = cgroup {
             let usage = cgroup.usage();
+            self.latest = usage;
             if let Some(cause) = self.death_cause(Some(cgroup), limits) {
                 return Some(cause);
             }

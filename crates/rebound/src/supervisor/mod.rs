@@ -9,11 +9,13 @@
 //! Everything happens on one thread around one `poll(2)`: the seccomp listener, termination
 //! signals, SIGCHLD, the proxy's events and operator commands are all file descriptors.
 
+mod command;
 mod hoarding;
 mod intercept;
 mod process;
 mod standby;
 mod targets;
+mod upgrade;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::ffi::OsString;
@@ -22,11 +24,11 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use rebound_sys::{seccomp, spawn};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::process::Signal;
@@ -34,9 +36,11 @@ use rustix::process::Signal;
 use crate::cgroup::DriverCgroup;
 use crate::checkpoint::ImageCheckpoint;
 use crate::config::{BudgetPolicy, Config, Profile};
-use crate::control::{self, ControlSocket, StatusBoard};
+use crate::control::{self, ControlSocket, OperatorRequest, StatusBoard};
 use crate::proxy::{Proxy, ProxyEvent, ProxyOptions};
 use crate::sandbox::MountPoint;
+use crate::service::ServiceManager;
+use command::DriverCommand;
 use intercept::Intercepted;
 use process::Exit;
 
@@ -93,6 +97,8 @@ enum Cause {
     Hoarding,
     /// `rebound restart`.
     Operator,
+    /// `rebound upgrade`.
+    Upgrade,
     /// A new driver failed (in any way) while being brought to the old one's state.
     DuringRestore,
 }
@@ -106,10 +112,14 @@ impl Cause {
             Cause::SecondOpinion => "second_opinion",
             Cause::Hoarding => "hoarding",
             Cause::Operator => "operator",
+            Cause::Upgrade => "upgrade",
             Cause::DuringRestore => "during_restore",
         }
     }
 }
+
+/// Where the loop says whether it took an operator's request.
+type OperatorAnswer = mpsc::Sender<Result<(), String>>;
 
 /// What a seccomp listener has to say on one turn of the loop.
 enum Readiness {
@@ -133,8 +143,12 @@ struct Served {
 /// Everything one run keeps between turns of its loop.
 struct Run<'a> {
     config: &'a Config,
-    argv: &'a [OsString],
-    driver_name: String,
+    /// The driver this run starts (replaced by `rebound upgrade`).
+    command: DriverCommand,
+    /// The command an upgrade under way replaces, until the new driver serves.
+    upgrade_from: Option<DriverCommand>,
+    /// The failed driver's processes all exited before they had to be killed.
+    exited_by_itself: bool,
     board: Arc<StatusBoard>,
     phase: Phase,
     served: Option<Served>,
@@ -156,8 +170,6 @@ struct Run<'a> {
     /// What the driver's stderr lines are prefixed with in the log: its mount point, once known.
     log_label: Arc<Mutex<String>>,
     stderr_loggers: Vec<JoinHandle<()>>,
-    /// What the driver's program is made of (its sandbox shows it wherever it is).
-    program: Vec<crate::sandbox::program::Part>,
     /// What the first driver was given that its sandbox hides (repeated if it fails to mount).
     hidden: Vec<crate::sandbox::Hidden>,
     /// The successor kept ready while the driver serves, and when the next may start.
@@ -171,14 +183,14 @@ struct Run<'a> {
     denied_logged: BTreeSet<&'static str>,
     /// Learning mode's recorder (`--learn`).
     learner: Option<crate::capability_trace::Learner>,
+    /// The service manager that started rebound, if any (systemd).
+    service: ServiceManager,
 }
 
 /// Runs `argv` as a FUSE driver behind rebound until the mount ends. Returns the exit code.
 pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
-    let Some(program) = argv.first() else {
-        bail!("no driver command given");
-    };
-    let driver_name = program.to_string_lossy().into_owned();
+    let command = DriverCommand::new(argv.to_vec())?;
+    let driver_name = command.name.clone();
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
         .context("becoming child subreaper")?;
 
@@ -211,9 +223,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
     let log_label = Arc::new(Mutex::new(driver_name.clone()));
     let mut watch = hoarding::Watch::new(&config.limits);
     watch.driver_started(cgroup.as_ref());
-    let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
-    let program = crate::sandbox::program::find(argv, &cwd, &|var| std::env::var_os(var));
-    for part in &program {
+    for part in &command.program {
         tracing::debug!("sandbox: shows {} ({})", part.path.display(), part.what);
     }
     // Before the driver starts: its first capability checks count.
@@ -239,8 +249,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
     };
     let started = start_driver(
         config,
-        argv,
-        &program,
+        &command,
         MountPoint::Unknown,
         cgroup.as_ref(),
         log_label.clone(),
@@ -273,17 +282,28 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         s.driver_pid = Some(pid);
         s.rebound_pid = std::process::id();
     });
-    let restart_trigger = Box::new(move || {
+    // An operator's request is taken by the loop, which answers whether it took it.
+    let (operator_tx, operator_rx) = mpsc::channel::<(OperatorRequest, OperatorAnswer)>();
+    let operator_trigger = Box::new(move |request| {
+        let (answer_tx, answer_rx) = mpsc::channel();
+        operator_tx
+            .send((request, answer_tx))
+            .map_err(|_| "the run is stopping".to_string())?;
         let _ = (&commands_tx).write_all(b"r");
+        answer_rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| Err("the run did not take the request within 10 s".into()))
     });
-    let _control = ControlSocket::start(&control::run_dir(), board.clone(), restart_trigger)
+    crate::metrics::start(&config.metrics, &board)?;
+    let _control = ControlSocket::start(&control::run_dir(), board.clone(), operator_trigger)
         .inspect_err(|e| tracing::warn!("no status socket: {e:#}"))
         .ok();
 
     let mut run = Run {
         config,
-        argv,
-        driver_name,
+        command,
+        upgrade_from: None,
+        exited_by_itself: false,
         board,
         phase: Phase::Starting {
             deadline: Instant::now() + config.mount_timeout(),
@@ -300,7 +320,6 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         watch,
         log_label,
         stderr_loggers: vec![logger],
-        program,
         hidden,
         standby: None,
         standby_pace: standby::StandbyPace::new(),
@@ -308,13 +327,14 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         image,
         denied_logged: BTreeSet::new(),
         learner,
+        service: ServiceManager::from_env(),
     };
     if let Some(known) = crate::sandbox::named::known_driver(argv) {
         if config.sandbox.profile != Profile::Off {
             let paths: Vec<String> = known.home_dirs.iter().map(|d| format!("~/{d}")).collect();
             tracing::info!(
                 "sandbox: {} keeps {} (rebound's profile of it: {})",
-                run.driver_name,
+                run.command.name,
                 known
                     .capabilities
                     .iter()
@@ -337,6 +357,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
     }
 
     loop {
+        run.service.loop_turned();
         let timeout = run.poll_timeout();
         let (listener, standby, terminate_ready, child_ready, event_ready, command) = {
             let mut fds = vec![
@@ -409,7 +430,15 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         if command {
             let mut buf = [0u8; 16];
             while matches!((&commands_rx).read(&mut buf), Ok(n) if n > 0) {}
-            run.on_restart_command();
+            while let Ok((request, answer)) = operator_rx.try_recv() {
+                let _ = answer.send(match request {
+                    OperatorRequest::Restart => {
+                        run.on_restart_command();
+                        Ok(())
+                    }
+                    OperatorRequest::Upgrade(argv) => run.on_upgrade(argv),
+                });
+            }
         }
         if child_ready {
             child_exit.drain();
@@ -445,16 +474,14 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
 /// for).
 fn start_driver(
     config: &Config,
-    argv: &[OsString],
-    program_parts: &[crate::sandbox::program::Part],
+    driver: &DriverCommand,
     mountpoint: MountPoint<'_>,
     cgroup: Option<&DriverCgroup>,
     log_label: Arc<Mutex<String>>,
     gated: bool,
 ) -> anyhow::Result<Started> {
-    let (program, args) = argv.split_first().context("no driver command given")?;
-    let mut command = Command::new(program);
-    command.args(args).stderr(std::process::Stdio::piped());
+    let mut command = driver.command();
+    command.stderr(std::process::Stdio::piped());
     let procs = cgroup.map(DriverCgroup::procs_files).unwrap_or_default();
     let sandboxed = config.sandbox.profile != Profile::Off;
     if let (MountPoint::Hidden(mountpoint), false) = (&mountpoint, sandboxed) {
@@ -462,7 +489,7 @@ fn start_driver(
         // sandboxed driver's own namespace is built without the mount instead.)
         spawn::outside_mount(&mut command, mountpoint)?;
     }
-    let prepared = crate::sandbox::build(config, argv, program_parts, mountpoint, procs)
+    let prepared = crate::sandbox::build(config, &driver.argv, &driver.program, mountpoint, procs)
         .context("preparing the driver's sandbox")?;
     // (Only a first start reports any: a restart's would be the same.)
     for hidden in &prepared.hidden {
@@ -472,7 +499,7 @@ fn start_driver(
             tracing::debug!("{hidden}");
         }
     }
-    let cannot = || format!("cannot start driver `{}`", program.to_string_lossy());
+    let cannot = || format!("cannot start driver `{}`", driver.name);
     if gated {
         let exec = move |child: std::io::Result<std::process::Child>| match child {
             Ok(mut child) => {
@@ -786,14 +813,18 @@ impl Run<'_> {
                     restored.restore_ms
                 );
                 let serving = process::holder_of_socket(s.channel_inode);
+                let upgraded = self.upgrade_served();
                 self.board.update(|b| {
                     b.state = "serving".into();
                     b.restarts += 1;
+                    b.upgrades += u64::from(upgraded);
                     if serving.is_some() {
                         b.driver_pid = serving;
                     }
                 });
                 self.phase = Phase::Serving;
+                let status = self.board.snapshot();
+                self.service.serving(&status.mountpoint, status.restarts);
                 // The next failure's successor, started now rather than at the next tick:
                 // failures can come faster than ticks.
                 self.keep_standby(Instant::now());
@@ -802,6 +833,9 @@ impl Run<'_> {
                 // A daemonizing driver's child answers INIT; its parent may still be waiting
                 // to be reaped, and the status must not name it meanwhile.
                 if matches!(self.phase, Phase::Serving) {
+                    self.board.update(|b| b.ready = true);
+                    let status = self.board.snapshot();
+                    self.service.serving(&status.mountpoint, status.restarts);
                     if let Some(serving) = process::holder_of_socket(s.channel_inode) {
                         self.board.update(|b| b.driver_pid = Some(serving));
                     }
@@ -881,6 +915,7 @@ impl Run<'_> {
             "driver of {} failed: {cause}; restarting it",
             s.mountpoint.display()
         );
+        self.service.status(&format!("recovering: {cause}"));
         s.proxy.driver_failed();
         self.board.update(|b| {
             b.state = "recovering".into();
@@ -890,7 +925,7 @@ impl Run<'_> {
         // A driver that still works may finish what it holds (its channel is closed now);
         // a dead, dying or hung one is killed.
         let grace = match kind {
-            Cause::RefusedReply | Cause::SecondOpinion | Cause::Operator => {
+            Cause::RefusedReply | Cause::SecondOpinion | Cause::Operator | Cause::Upgrade => {
                 self.config.restart_grace()
             }
             Cause::Crash | Cause::Hang | Cause::Hoarding | Cause::DuringRestore => Duration::ZERO,
@@ -901,6 +936,7 @@ impl Run<'_> {
     /// A restart did not bring a working driver: try again, within the budget.
     fn restart_failed(&mut self) {
         self.count_failure(Cause::DuringRestore);
+        self.upgrade_failed();
         if let Some(s) = &self.served {
             s.proxy.driver_failed();
         }
@@ -964,6 +1000,25 @@ impl Run<'_> {
         }
     }
 
+    /// What the driver's cgroup used at the last hoarding check, on the board.
+    fn publish_usage(&self) {
+        let usage = self.watch.latest();
+        let cpu_ms = usage.cpu_ns / 1_000_000;
+        let current = self.board.snapshot();
+        if (
+            current.driver_memory_bytes,
+            current.driver_tasks,
+            current.driver_cpu_ms,
+        ) != (usage.anon_bytes, usage.tasks, cpu_ms)
+        {
+            self.board.update(|b| {
+                b.driver_memory_bytes = usage.anon_bytes;
+                b.driver_tasks = usage.tasks;
+                b.driver_cpu_ms = cpu_ms;
+            });
+        }
+    }
+
     fn count_failure(&self, kind: Cause) {
         self.board.update(|b| {
             *b.failures_by_cause.entry(kind.name().into()).or_default() += 1;
@@ -1020,7 +1075,7 @@ impl Run<'_> {
         if !self.driver_processes_gone(child_exited) {
             return None;
         }
-        let driver_name = &self.driver_name;
+        let driver_name = &self.command.name;
         match self.phase {
             Phase::Starting { .. } => Some(match self.driver_exit {
                 Some(exit) if exit != Exit::Code(0) => {
@@ -1042,7 +1097,9 @@ impl Run<'_> {
                 self.driver_failed(&format!("driver process gone ({how})"), Cause::Crash);
                 None
             }
-            Phase::Recovering(Step::Reaping { .. }) => {
+            Phase::Recovering(Step::Reaping { kill_at, .. }) => {
+                // (`kill_at` is taken when the kill is sent.)
+                self.exited_by_itself = kill_at.is_some();
                 self.recovery_phase_done("reap");
                 self.next_restart();
                 None
@@ -1177,7 +1234,7 @@ impl Run<'_> {
             Phase::Starting { deadline } if now >= *deadline => {
                 tracing::error!(
                     "`{}` did not mount a FUSE file system within {} ms; is it a FUSE driver?",
-                    self.driver_name,
+                    self.command.name,
                     self.config.mount_timeout_ms
                 );
                 self.phase = self.stopping(true, 1);
@@ -1216,6 +1273,7 @@ impl Run<'_> {
                         )
                         .map(|why| (why, Cause::Hoarding))
                 });
+                self.publish_usage();
                 if let Some((why, kind)) = cause {
                     self.driver_failed(&why, kind);
                 } else {
@@ -1254,7 +1312,7 @@ impl Run<'_> {
                     }
                     self.recovery_phase_done("rollback");
                 }
-                if !self.config.pre_restart.is_empty() {
+                if !self.config.pre_restart.is_empty() && !self.upgraded_from_clean_exit() {
                     self.run_pre_restart();
                     self.recovery_phase_done("pre_restart");
                 }
@@ -1278,15 +1336,14 @@ impl Run<'_> {
                     ..
                 } = start_driver(
                     self.config,
-                    self.argv,
-                    &self.program,
+                    &self.command,
                     view,
                     self.cgroup.as_ref(),
                     self.log_label.clone(),
                     false,
                 )?;
                 self.stderr_loggers.push(logger);
-                tracing::info!("restarted driver `{}` as pid {pid}", self.driver_name);
+                tracing::info!("restarted driver `{}` as pid {pid}", self.command.name);
                 self.listener = listener;
                 self.listener_open = true;
                 self.driver_pid = pid;
@@ -1483,6 +1540,7 @@ impl Run<'_> {
     /// Enters the stopping phase; with `signal`, asks every driver process to terminate.
     fn stopping(&mut self, signal: bool, exit_code: i32) -> Phase {
         self.board.update(|s| s.state = "stopping".into());
+        self.service.stopping();
         self.drop_standby("the run is stopping", false);
         if signal {
             process::signal_all(Signal::TERM, &[]);

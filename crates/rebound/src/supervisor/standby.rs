@@ -338,8 +338,7 @@ impl Run<'_> {
         let label = Arc::new(Mutex::new(format!("{} (standby)", s.mountpoint.display())));
         let started = start_driver(
             self.config,
-            self.argv,
-            &self.program,
+            &self.command,
             view,
             self.standby_cgroup.as_ref().or(self.cgroup.as_ref()),
             label.clone(),

@@ -1,5 +1,6 @@
-//! The control socket of each `rebound run`; `rebound status`, which asks them all, and
-//! `rebound restart`, which asks one run to restart its driver.
+//! The control socket of each `rebound run` (this file: the server side and the status
+//! record) and its clients (`client`: `rebound status`, which asks them all, `rebound restart`
+//! and `rebound upgrade`, which ask one run).
 //!
 //! Every `rebound run` listens on `RUN_DIR/<pid>.sock`. A client writes one line with a
 //! command and reads one line of JSON back:
@@ -10,15 +11,18 @@
 //! - `restart`: the run restarts its driver through the trigger it gave
 //!   [`ControlSocket::start`]; the [`RestartAnswer`] comes once the board shows that recovery
 //!   finished (or failed, or the run stops), after 120 s at most.
+//! - `upgrade` or `upgrade ["PROGRAM", "ARG", ...]` (a JSON array): the same, with the driver
+//!   replaced by its own command line run anew or by the one given; answered as `restart`,
+//!   `ok` only if the new driver is the one serving.
 //!
 //! Each connection has its own short-lived thread, so a slow restart does not hold up status
 //! queries. `rebound status` lists the sockets, asks each, and prints a table (or the JSON
 //! array with `--json`). A socket whose run is gone (connection refused) is removed.
 //!
 //! Owns: the status record, the socket's life, the wire format (a command line, then one JSON
-//! object per line), finding the run that serves a mount point.
-//! Must not: change the run it describes other than through the restart trigger the run gave
-//! it; restarting is the supervisor's business.
+//! object per line).
+//! Must not: change the run it describes other than through the trigger the run gave it;
+//! restarting and upgrading are the supervisor's business.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -33,10 +37,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::proxy::{ProxyStats, RecoveryTiming};
 
+mod client;
+pub use client::{find_run, query_all, render_table, request_corrupt, request_restart};
+
 /// How long the server waits for a command before answering `status`.
 const COMMAND_WAIT: Duration = Duration::from_millis(200);
-/// The longest command line the server reads.
-const MAX_COMMAND: u64 = 256;
+/// The longest command line the server reads (an upgrade's carries a driver's command line).
+const MAX_COMMAND: u64 = 256 * 1024;
 /// How long a `restart` waits for the recovery to finish before answering anyway.
 pub const RESTART_WAIT: Duration = Duration::from_secs(120);
 /// How many recovery latencies [`MountStatus::recovery_ms`] keeps.
@@ -55,6 +62,10 @@ pub struct MountStatus {
     pub driver_pid: Option<i32>,
     /// `starting`, `serving`, `recovering`, `failed` (no more restarts) or `stopping`.
     pub state: String,
+    /// The driver has answered the kernel's INIT: the mount serves (the moment rebound tells
+    /// a service manager READY, and `mount.rebound` returns).
+    #[serde(default)]
+    pub ready: bool,
     pub restarts: u32,
     /// Driver failures detected in all (crashes, hangs, closed channels).
     #[serde(default)]
@@ -108,6 +119,16 @@ pub struct MountStatus {
     /// Recoveries in which a standby successor took over.
     #[serde(default)]
     pub standby_takeovers: u64,
+    /// Upgrades done (`rebound upgrade`): the new driver served.
+    #[serde(default)]
+    pub upgrades: u64,
+    /// The current driver's cgroup: anonymous memory, tasks, CPU time (0 without a cgroup).
+    #[serde(default)]
+    pub driver_memory_bytes: u64,
+    #[serde(default)]
+    pub driver_tasks: u64,
+    #[serde(default)]
+    pub driver_cpu_ms: u64,
 }
 
 /// The answer to `restart`.
@@ -131,6 +152,8 @@ pub struct StatusBoard {
     /// Notified on every update, for [`StatusBoard::wait_until`].
     changed: Condvar,
     counters: Mutex<Option<Counters>>,
+    /// Every recovery's latency, for the metrics.
+    pub recoveries: crate::metrics::Histogram,
 }
 
 type HeldObjects = Box<dyn Fn() -> (usize, usize) + Send>;
@@ -153,6 +176,8 @@ impl StatusBoard {
 
     /// Adds the latency of a finished recovery and its phases, keeping the last 100.
     pub fn record_recovery(&self, timing: &RecoveryTiming) {
+        self.recoveries
+            .observe(Duration::from_secs_f64(timing.total_ms / 1000.0));
         self.update(|s| {
             s.recovery_ms.push(timing.total_ms);
             let excess = s.recovery_ms.len().saturating_sub(KEPT_RECOVERIES);
@@ -184,6 +209,12 @@ impl StatusBoard {
         *self.counters.lock().unwrap_or_else(|e| e.into_inner()) = Some(Counters { stats, held });
     }
 
+    /// The proxy's counters, once attached.
+    pub fn stats(&self) -> Option<Arc<ProxyStats>> {
+        let counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        counters.as_ref().map(|c| c.stats.clone())
+    }
+
     pub fn snapshot(&self) -> MountStatus {
         let mut status = self.status().clone();
         if let Some(c) = &*self.counters.lock().unwrap_or_else(|e| e.into_inner()) {
@@ -202,10 +233,20 @@ impl StatusBoard {
     }
 }
 
-/// Asks the run to restart its driver. It must return at once (wake the loop that does the
-/// restart) and lead the board to a final state: `serving` with `restarts` incremented, or
-/// `failed`, or `stopping`.
-pub type RestartTrigger = Box<dyn Fn() + Send + Sync>;
+/// What an operator asks of a run on its control socket.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OperatorRequest {
+    /// Restart the driver as after a crash (`rebound restart`).
+    Restart,
+    /// Replace the driver (`rebound upgrade`): by this command line, or by its own run anew.
+    Upgrade(Option<Vec<std::ffi::OsString>>),
+}
+
+/// Asks the run for an [`OperatorRequest`]. It returns once the run has taken it (or refused
+/// it, with why) and leads the board to a final state: `serving` with `restarts` incremented
+/// (and `upgrades`, for an upgrade that took), or `failed`, or `stopping`.
+pub type OperatorTrigger = Box<dyn Fn(OperatorRequest) -> Result<(), String> + Send + Sync>;
+type Trigger = dyn Fn(OperatorRequest) -> Result<(), String> + Send + Sync;
 
 /// The listening socket of this run; removed when dropped.
 pub struct ControlSocket {
@@ -213,11 +254,12 @@ pub struct ControlSocket {
 }
 
 impl ControlSocket {
-    /// Starts answering commands for `board` on `dir/<pid>.sock`; `restart` calls `trigger`.
+    /// Starts answering commands for `board` on `dir/<pid>.sock`; `restart` and `upgrade`
+    /// call `trigger`.
     pub fn start(
         dir: &Path,
         board: Arc<StatusBoard>,
-        trigger: RestartTrigger,
+        trigger: OperatorTrigger,
     ) -> anyhow::Result<ControlSocket> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join(format!("{}.sock", std::process::id()));
@@ -225,7 +267,7 @@ impl ControlSocket {
         let _ = std::fs::remove_file(&path);
         let listener =
             UnixListener::bind(&path).with_context(|| format!("binding {}", path.display()))?;
-        let trigger: Arc<dyn Fn() + Send + Sync> = Arc::from(trigger);
+        let trigger: Arc<Trigger> = Arc::from(trigger);
         std::thread::Builder::new()
             .name("control".into())
             .spawn(move || {
@@ -250,7 +292,7 @@ impl Drop for ControlSocket {
 }
 
 /// Answers one connection: reads the command, writes one JSON line.
-fn serve(conn: &UnixStream, board: &StatusBoard, trigger: &(dyn Fn() + Send + Sync)) {
+fn serve(conn: &UnixStream, board: &StatusBoard, trigger: &Trigger) {
     let _ = conn.set_read_timeout(Some(COMMAND_WAIT));
     let mut line = String::new();
     // No whole line in time: a client from before the commands, which only reads.
@@ -262,10 +304,28 @@ fn serve(conn: &UnixStream, board: &StatusBoard, trigger: &(dyn Fn() + Send + Sy
     }
     let answer = match line.trim() {
         "" | "status" => serde_json::to_string(&board.snapshot()),
-        "restart" => serde_json::to_string(&restart(board, trigger)),
+        "restart" => serde_json::to_string(&restart(board, trigger, OperatorRequest::Restart)),
+        "upgrade" => {
+            serde_json::to_string(&restart(board, trigger, OperatorRequest::Upgrade(None)))
+        }
+        cmd if cmd.starts_with("upgrade ") => {
+            match serde_json::from_str::<Vec<String>>(&cmd["upgrade ".len()..]) {
+                Ok(argv) if !argv.is_empty() => {
+                    let argv = argv.into_iter().map(Into::into).collect();
+                    serde_json::to_string(&restart(
+                        board,
+                        trigger,
+                        OperatorRequest::Upgrade(Some(argv)),
+                    ))
+                }
+                _ => serde_json::to_string(&serde_json::json!({
+                    "error": "usage: upgrade [\"PROGRAM\", \"ARG\", ...]"
+                })),
+            }
+        }
         cmd if cmd.starts_with("corrupt ") => serde_json::to_string(&corrupt(board, cmd)),
         other => serde_json::to_string(&serde_json::json!({
-            "error": format!("unknown command `{other}`; the commands are status, restart and corrupt")
+            "error": format!("unknown command `{other}`; the commands are status, restart, upgrade and corrupt")
         })),
     };
     let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
@@ -275,8 +335,8 @@ fn serve(conn: &UnixStream, board: &StatusBoard, trigger: &(dyn Fn() + Send + Sy
     }
 }
 
-/// Triggers a restart and waits for its outcome on the board.
-fn restart(board: &StatusBoard, trigger: &(dyn Fn() + Send + Sync)) -> RestartAnswer {
+/// Triggers a restart or an upgrade and waits for its outcome on the board.
+fn restart(board: &StatusBoard, trigger: &Trigger, request: OperatorRequest) -> RestartAnswer {
     let before = board.snapshot();
     let refuse = |why: String| RestartAnswer {
         ok: false,
@@ -290,8 +350,11 @@ fn restart(board: &StatusBoard, trigger: &(dyn Fn() + Send + Sync)) -> RestartAn
         "stopping" => return refuse("the run is stopping".into()),
         _ => {}
     }
-    tracing::info!("restart of the driver asked for on the control socket");
-    trigger();
+    let upgrade = matches!(request, OperatorRequest::Upgrade(_));
+    tracing::info!("{request:?} of the driver asked for on the control socket");
+    if let Err(why) = trigger(request) {
+        return refuse(why);
+    }
     // Done when the new driver serves and its recovery latency is in (it is measured at the
     // first request served), or when it failed (again) or the run stops.
     let finished = board.wait_until(
@@ -306,9 +369,14 @@ fn restart(board: &StatusBoard, trigger: &(dyn Fn() + Send + Sync)) -> RestartAn
         RESTART_WAIT,
     );
     let now = finished.clone().unwrap_or_else(|| board.snapshot());
-    let ok = finished.is_some() && now.restarts > before.restarts && now.state == "serving";
+    let served = finished.is_some() && now.restarts > before.restarts && now.state == "serving";
+    let ok = served && (!upgrade || now.upgrades > before.upgrades);
     let error = match (&finished, now.state.as_str()) {
         _ if ok => None,
+        _ if served => Some(with_cause(
+            "the upgrade was undone, and the previous driver serves again",
+            &now.last_failure,
+        )),
         (None, state) => Some(format!(
             "no restart finished within {} s (state: {state})",
             RESTART_WAIT.as_secs()
@@ -347,181 +415,11 @@ fn corrupt(board: &StatusBoard, cmd: &str) -> serde_json::Value {
     }
 }
 
-/// Sends `corrupt N SEED` to the run listening on `socket`; returns its one-line answer.
-pub fn request_corrupt(socket: &Path, n: u64, seed: u64) -> Result<String, String> {
-    ask(
-        socket,
-        &format!("corrupt {n} {seed}"),
-        Duration::from_secs(5),
-    )
-    .map_err(|e| match e {
-        QueryError::Gone => "the run is gone".to_string(),
-        QueryError::Other(e) => e,
-    })
-}
-
 fn with_cause(what: &str, cause: &Option<String>) -> String {
     match cause {
         Some(cause) => format!("{what}: {cause}"),
         None => what.to_string(),
     }
-}
-
-/// Asks every live run for its status, in mount point order.
-pub fn query_all(dir: &Path) -> Vec<MountStatus> {
-    query_sockets(dir).into_iter().map(|(_, s)| s).collect()
-}
-
-/// Every live run's socket and status, in mount point order.
-fn query_sockets(dir: &Path) -> Vec<(PathBuf, MountStatus)> {
-    let mut all: Vec<(PathBuf, MountStatus)> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|entry| entry.path())
-        .filter(|path| path.extension().is_some_and(|e| e == "sock"))
-        .filter_map(|path| match query(&path) {
-            Ok(status) => Some((path, status)),
-            Err(QueryError::Gone) => {
-                let _ = std::fs::remove_file(&path);
-                None
-            }
-            Err(QueryError::Other(e)) => {
-                tracing::warn!("{}: {e}", path.display());
-                None
-            }
-        })
-        .collect();
-    all.sort_by(|a, b| a.1.mountpoint.cmp(&b.1.mountpoint));
-    all
-}
-
-/// The socket and status of the live run that serves `mountpoint`, if any.
-pub fn find_run(dir: &Path, mountpoint: &Path) -> Option<(PathBuf, MountStatus)> {
-    let wanted = mountpoint_forms(mountpoint);
-    query_sockets(dir).into_iter().find(|(_, status)| {
-        mountpoint_forms(Path::new(&status.mountpoint))
-            .iter()
-            .any(|form| wanted.contains(form))
-    })
-}
-
-/// The paths `path` may be recorded as: the absolute path, normalised lexically (all that is
-/// left when the path cannot be resolved), and the path with symbolic links resolved. The
-/// mount point itself is never looked at (only its parent is canonicalised, and a symbolic
-/// link in its place read), since a lookup on a mount whose driver hangs would block.
-fn mountpoint_forms(path: &Path) -> Vec<PathBuf> {
-    let Ok(absolute) = std::path::absolute(path) else {
-        return Vec::new();
-    };
-    let mut forms = vec![crate::paths::normalize(&absolute)];
-    let mut current = absolute;
-    // As many links as the kernel follows (MAXSYMLINKS).
-    for _ in 0..40 {
-        let resolved = match (current.parent(), current.file_name()) {
-            (Some(parent), Some(name)) => match parent.canonicalize() {
-                Ok(parent) => parent.join(name),
-                Err(_) => break,
-            },
-            // `/` or a path ending in `..`: not a mount point of a live FUSE mount we could
-            // block on (the root, or a directory above one).
-            _ => match current.canonicalize() {
-                Ok(resolved) => resolved,
-                Err(_) => break,
-            },
-        };
-        match std::fs::read_link(&resolved) {
-            Ok(target) => current = resolved.parent().unwrap_or(Path::new("/")).join(target),
-            Err(_) => {
-                forms.push(resolved);
-                break;
-            }
-        }
-    }
-    forms
-}
-
-/// Asks the run listening on `socket` to restart its driver and waits for the outcome.
-/// The error is one line.
-pub fn request_restart(socket: &Path) -> Result<RestartAnswer, String> {
-    let line =
-        ask(socket, "restart", RESTART_WAIT + Duration::from_secs(10)).map_err(|e| match e {
-            QueryError::Gone => "the run is gone".to_string(),
-            QueryError::Other(e) => e,
-        })?;
-    serde_json::from_str(&line).map_err(|e| {
-        if serde_json::from_str::<MountStatus>(&line).is_ok() {
-            "this rebound run is older than `rebound restart` and cannot restart its driver"
-                .to_string()
-        } else {
-            format!("bad answer to restart: {e}")
-        }
-    })
-}
-
-enum QueryError {
-    /// Nobody listens: the run is gone.
-    Gone,
-    Other(String),
-}
-
-fn query(path: &Path) -> Result<MountStatus, QueryError> {
-    let line = ask(path, "status", Duration::from_secs(2))?;
-    serde_json::from_str(&line).map_err(|e| QueryError::Other(format!("bad status: {e}")))
-}
-
-/// Sends `command` and reads the one-line answer, waiting at most `wait` for it.
-fn ask(path: &Path, command: &str, wait: Duration) -> Result<String, QueryError> {
-    let mut conn = UnixStream::connect(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound => QueryError::Gone,
-        _ => QueryError::Other(e.to_string()),
-    })?;
-    let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
-    let _ = conn.set_read_timeout(Some(wait));
-    // A run from before the commands answers without reading and may have closed already;
-    // its answer is still there to read.
-    let _ = writeln!(conn, "{command}");
-    let mut line = String::new();
-    BufReader::new(conn)
-        .read_line(&mut line)
-        .map_err(|e| QueryError::Other(e.to_string()))?;
-    Ok(line)
-}
-
-/// The table `rebound status` prints.
-pub fn render_table(all: &[MountStatus]) -> String {
-    let mut out = format!(
-        "{:<32} {:>10} {:<10} {:>8} {:>8} {:>11} {:<24} {}\n",
-        "MOUNTPOINT",
-        "DRIVER-PID",
-        "STATE",
-        "RESTARTS",
-        "FAILURES",
-        "LAST-RECOV",
-        "LAST-FAILURE",
-        "DRIVER"
-    );
-    for s in all {
-        let pid = s
-            .driver_pid
-            .map_or_else(|| "-".to_string(), |p| p.to_string());
-        let recovery = s
-            .recovery_ms
-            .last()
-            .map_or_else(|| "-".to_string(), |ms| format!("{ms:.1} ms"));
-        out += &format!(
-            "{:<32} {:>10} {:<10} {:>8} {:>8} {:>11} {:<24} {}\n",
-            s.mountpoint,
-            pid,
-            s.state,
-            s.restarts,
-            s.failures,
-            recovery,
-            s.last_failure.as_deref().unwrap_or("-"),
-            s.driver.first().map_or("", String::as_str),
-        );
-    }
-    out
 }
 
 #[cfg(test)]
@@ -558,8 +456,8 @@ mod tests {
         board
     }
 
-    fn no_restart() -> RestartTrigger {
-        Box::new(|| {})
+    fn no_restart() -> OperatorTrigger {
+        Box::new(|_| Ok(()))
     }
 
     /// Sends `command` (or nothing) and reads the answer line.
@@ -622,7 +520,7 @@ mod tests {
         let finish_rx = Arc::new(Mutex::new(finish_rx));
         let recovering = board.clone();
         // What the supervisor does on a trigger: wake up and recover on its own thread.
-        let trigger: RestartTrigger = Box::new(move || {
+        let trigger: OperatorTrigger = Box::new(move |_| {
             let (board, started_tx, finish_rx) =
                 (recovering.clone(), started_tx.clone(), finish_rx.clone());
             std::thread::spawn(move || {
@@ -643,13 +541,14 @@ mod tests {
                     phases: vec![("spawn", 4.0), ("first_request", 1.0)],
                 });
             });
+            Ok(())
         });
         let _socket = ControlSocket::start(&dir, board.clone(), trigger).unwrap();
         let path = dir.join(format!("{}.sock", std::process::id()));
 
         let asker = {
             let path = path.clone();
-            std::thread::spawn(move || request_restart(&path))
+            std::thread::spawn(move || request_restart(&path, &OperatorRequest::Restart))
         };
         started_rx.recv_timeout(Duration::from_secs(5)).unwrap();
         let asked = Instant::now();
@@ -683,7 +582,7 @@ mod tests {
         let dir = test_dir("restart-fails");
         let board = serving_board("/mnt/f");
         let failing = board.clone();
-        let trigger: RestartTrigger = Box::new(move || {
+        let trigger: OperatorTrigger = Box::new(move |_| {
             let board = failing.clone();
             std::thread::spawn(move || {
                 board.update(|s| {
@@ -691,11 +590,12 @@ mod tests {
                     s.last_failure = Some("driver killed by SIGSEGV".into());
                 })
             });
+            Ok(())
         });
         let _socket = ControlSocket::start(&dir, board.clone(), trigger).unwrap();
         let path = dir.join(format!("{}.sock", std::process::id()));
 
-        let answer = request_restart(&path).unwrap();
+        let answer = request_restart(&path, &OperatorRequest::Restart).unwrap();
         assert!(!answer.ok);
         assert_eq!(answer.state, "failed");
         assert_eq!(
@@ -703,7 +603,7 @@ mod tests {
             Some("the restart failed: driver killed by SIGSEGV")
         );
         board.update(|s| s.state = "starting".into());
-        let answer = request_restart(&path).unwrap();
+        let answer = request_restart(&path, &OperatorRequest::Restart).unwrap();
         assert_eq!(
             answer.error.as_deref(),
             Some("the driver has not mounted yet")
