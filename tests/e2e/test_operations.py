@@ -263,13 +263,17 @@ def test_a_scrape_of_the_metrics_matches_the_status(running, workdir):
 def mount_helper():
     """/sbin/mount.rebound, a link to the rebound under test, for this test."""
     helper = Path("/sbin/mount.rebound")
-    if helper.is_symlink() or helper.exists():
-        pytest.fail(f"{helper} exists already: it is not this test's to replace")
+    aside = helper.with_name("mount.rebound.before-test")
+    installed = helper.is_symlink() or helper.exists()
+    if installed:  # an installed rebound's: put back afterwards
+        os.replace(helper, aside)
     helper.symlink_to(mounts.rebound_bin())
     try:
         yield helper
     finally:
         helper.unlink()
+        if installed:
+            os.replace(aside, helper)
 
 
 def mounted_run(mnt):
@@ -419,24 +423,27 @@ def journal_fields(datagram):
 def test_under_systemd_the_log_goes_to_the_journal_with_the_mount_s_fields(workdir):
     """With stderr the journal's stream (JOURNAL_STREAM names it, as systemd sets it), each
     entry goes to journald's socket with REBOUND_MOUNTPOINT and REBOUND_DRIVER. The journal is
-    a socket of the test's own at journald's path (this machine runs no journald)."""
-    journal_dir = Path("/run/systemd/journal")
-    journal_path = journal_dir / "socket"
-    if journal_path.exists():
-        pytest.fail(f"{journal_path} exists: a journald runs here, the test would take its socket")
-    journal_dir.mkdir(parents=True, exist_ok=True)
+    a socket of the test's own, bound over journald's path in a mount namespace of rebound's
+    own (so the host's journald, if any, is not touched; the mount stays in that namespace)."""
+    sockets = workdir / "journal"
+    sockets.mkdir()
     journal = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    journal.bind(str(journal_path))
+    journal.bind(str(sockets / "socket"))
     journal.settimeout(0.2)
     read_end, write_end = os.pipe()
     st = os.fstat(write_end)
     env = dict(os.environ, JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
     program = mounts.fixture_bin("passthrough_ll")
-    argv = passthrough(program, workdir)(workdir / "mnt")
-    (workdir / "mnt").mkdir()
-    proc = subprocess.Popen([str(mounts.rebound_bin()), "run", "--", *argv], env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=write_end, start_new_session=True)
+    mnt = workdir / "mnt"
+    mnt.mkdir()
+    argv = passthrough(program, workdir)(mnt)
+    script = ('mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/journal && '
+              'mount --bind "$0" /run/systemd/journal && exec "$@"')
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             script, str(sockets), str(mounts.rebound_bin()), "run", "--",
+                             *argv], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=write_end,
+                            start_new_session=True)
     os.close(write_end)
     entries = []
     try:
@@ -446,16 +453,14 @@ def test_under_systemd_the_log_goes_to_the_journal_with_the_mount_s_fields(workd
             except socket.timeout:
                 pass
             return any(b"started driver" in e for e in entries)
-        assert mounts.wait_for(started, 30), entries
+        assert mounts.wait_for(started, 30), (entries, os.read(read_end, 65536))
         entry = journal_fields(next(e for e in entries if b"started driver" in e))
-        assert entry.get("REBOUND_MOUNTPOINT") == str(workdir / "mnt"), entry
+        assert entry.get("REBOUND_MOUNTPOINT") == str(mnt), entry
         assert entry.get("REBOUND_DRIVER") == str(program), entry
         assert entry.get("SYSLOG_IDENTIFIER") == "rebound", entry
         assert entry.get("MESSAGE", "").startswith("started driver"), entry
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=mounts.STOP_TIMEOUT)
-        mounts.umount(workdir / "mnt")
         journal.close()
-        journal_path.unlink()
         os.close(read_end)
