@@ -8,13 +8,20 @@
 //!
 //! Everything happens on one thread around one `poll(2)`: the seccomp listener, termination
 //! signals, SIGCHLD, the proxy's events and operator commands are all file descriptors.
+//! This file holds the run's state, its start and its loop; `events` what the loop hears,
+//! `timers` what the clock decides, `restart` what a failure leads to, `upgrade` the
+//! operator's replacement of the driver, `standby` the successor kept ready, `intercept` the
+//! driver's mount, `command` what runs as the driver.
 
 mod command;
+mod events;
 mod hoarding;
 mod intercept;
 mod process;
+mod restart;
 mod standby;
 mod targets;
+mod timers;
 mod upgrade;
 
 use std::collections::{BTreeSet, VecDeque};
@@ -23,7 +30,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::process::Command;
+
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -35,7 +42,7 @@ use rustix::process::Signal;
 
 use crate::cgroup::DriverCgroup;
 use crate::checkpoint::ImageCheckpoint;
-use crate::config::{BudgetPolicy, Config, Profile};
+use crate::config::{Config, Profile};
 use crate::control::{self, ControlSocket, OperatorRequest, StatusBoard};
 use crate::proxy::{Proxy, ProxyEvent, ProxyOptions};
 use crate::sandbox::MountPoint;
@@ -43,6 +50,7 @@ use crate::service::ServiceManager;
 use command::DriverCommand;
 use intercept::Intercepted;
 use process::Exit;
+use restart::Cause;
 
 /// Where the run is in its life.
 #[derive(Debug)]
@@ -80,42 +88,6 @@ enum Step {
     Mounting { deadline: Instant },
     /// The proxy brings the new driver to the old one's state.
     Restoring,
-}
-
-/// What made a driver fail, as `rebound status` counts failures (`failures_by_cause`).
-#[derive(Clone, Copy, Debug)]
-enum Cause {
-    /// Its processes died or its channel closed (a crash, a kill).
-    Crash,
-    /// A request or a liveness probe went unanswered.
-    Hang,
-    /// It sent a message the checks refused.
-    RefusedReply,
-    /// It gave an answer no working driver gives, which a restarted one is asked about.
-    SecondOpinion,
-    /// It took more than its limits allow, or was killed for it.
-    Hoarding,
-    /// `rebound restart`.
-    Operator,
-    /// `rebound upgrade`.
-    Upgrade,
-    /// A new driver failed (in any way) while being brought to the old one's state.
-    DuringRestore,
-}
-
-impl Cause {
-    fn name(self) -> &'static str {
-        match self {
-            Cause::Crash => "crash",
-            Cause::Hang => "hang",
-            Cause::RefusedReply => "refused_reply",
-            Cause::SecondOpinion => "second_opinion",
-            Cause::Hoarding => "hoarding",
-            Cause::Operator => "operator",
-            Cause::Upgrade => "upgrade",
-            Cause::DuringRestore => "during_restore",
-        }
-    }
 }
 
 /// Where the loop says whether it took an operator's request.
@@ -569,33 +541,6 @@ fn log_lines(stderr: std::process::ChildStderr, label: &Mutex<String>) {
 }
 
 impl Run<'_> {
-    fn poll_timeout(&self) -> Duration {
-        let now = Instant::now();
-        let until = |at: Instant| at.saturating_duration_since(now);
-        let tick = Duration::from_millis(250);
-        match &self.phase {
-            Phase::Starting { deadline } => until(*deadline),
-            Phase::Stopping {
-                deadline, killed, ..
-            } => {
-                if *killed {
-                    tick
-                } else {
-                    until(*deadline).min(tick)
-                }
-            }
-            Phase::Serving | Phase::Recovering(Step::Restoring) => tick,
-            Phase::Recovering(Step::Reaping {
-                kill_at: Some(at), ..
-            }) => until(*at).min(tick),
-            Phase::Recovering(Step::Reaping { deadline, .. } | Step::Mounting { deadline }) => {
-                until(*deadline).min(tick)
-            }
-            Phase::Recovering(Step::Backoff { until: at }) => until(*at),
-            Phase::Failed { retry_at } => until(*retry_at),
-        }
-    }
-
     fn on_intercepted_call(&mut self) -> anyhow::Result<()> {
         let notif = match seccomp::receive(self.listener.as_fd()) {
             Ok(notif) => notif,
@@ -759,279 +704,6 @@ impl Run<'_> {
         }
     }
 
-    fn on_proxy_event(&mut self, event: ProxyEvent) {
-        if matches!(event, ProxyEvent::DriverGone) && self.unmount_follows_close() {
-            return;
-        }
-        let Some(s) = &self.served else {
-            return;
-        };
-        match event {
-            ProxyEvent::KernelGone => {
-                if !matches!(self.phase, Phase::Stopping { .. }) {
-                    tracing::info!(
-                        "{} was unmounted; stopping the driver",
-                        s.mountpoint.display()
-                    );
-                    self.phase = self.stopping(true, 0);
-                }
-            }
-            ProxyEvent::DriverGone if !s.proxy.driver_channel_closed() => {
-                // Reported while the failed driver was current, read once its successor
-                // was attached (the failure was found another way on the same turn).
-                tracing::debug!("a driver that is no longer current closed its channel");
-            }
-            ProxyEvent::DriverGone => {
-                let how = self
-                    .driver_exit
-                    .map_or_else(String::new, |e| format!(" ({e})"));
-                self.driver_failed(&format!("driver closed its channel{how}"), Cause::Crash);
-            }
-            ProxyEvent::DriverMisbehaved => {
-                let why = s.proxy.misbehaviour().unwrap_or_default();
-                let kind = if why.ends_with(crate::proxy::SECOND_OPINION) {
-                    Cause::SecondOpinion
-                } else {
-                    Cause::RefusedReply
-                };
-                self.driver_failed(&format!("misbehaved: {why}"), kind);
-            }
-            ProxyEvent::Recovered => {
-                let Some(Ok(restored)) = s.proxy.take_restored() else {
-                    return;
-                };
-                tracing::info!(
-                    "recovered {}: {} logged changes replayed, {} handles reopened, {} lost, \
-                     {} nodes to look up as needed, {} waiting requests resent or settled, in \
-                     {:.1} ms",
-                    s.mountpoint.display(),
-                    restored.replayed,
-                    restored.handles,
-                    restored.lost,
-                    restored.nodes,
-                    restored.resent,
-                    restored.restore_ms
-                );
-                let serving = process::holder_of_socket(s.channel_inode);
-                let upgraded = self.upgrade_served();
-                self.board.update(|b| {
-                    b.state = "serving".into();
-                    b.restarts += 1;
-                    b.upgrades += u64::from(upgraded);
-                    if serving.is_some() {
-                        b.driver_pid = serving;
-                    }
-                });
-                self.phase = Phase::Serving;
-                let status = self.board.snapshot();
-                self.service.serving(&status.mountpoint, status.restarts);
-                // The next failure's successor, started now rather than at the next tick:
-                // failures can come faster than ticks.
-                self.keep_standby(Instant::now());
-            }
-            ProxyEvent::Initialized => {
-                // A daemonizing driver's child answers INIT; its parent may still be waiting
-                // to be reaped, and the status must not name it meanwhile.
-                if matches!(self.phase, Phase::Serving) {
-                    self.board.update(|b| b.ready = true);
-                    let status = self.board.snapshot();
-                    self.service.serving(&status.mountpoint, status.restarts);
-                    if let Some(serving) = process::holder_of_socket(s.channel_inode) {
-                        self.board.update(|b| b.driver_pid = Some(serving));
-                    }
-                }
-            }
-            ProxyEvent::RecoveryMeasured => {
-                for timing in s.proxy.take_recovery_timings() {
-                    let phases: Vec<String> = timing
-                        .phases
-                        .iter()
-                        .map(|(phase, ms)| format!("{phase} {ms:.1}"))
-                        .collect();
-                    tracing::info!(
-                        "serving again {:.1} ms after the failure ({})",
-                        timing.total_ms,
-                        phases.join(", ")
-                    );
-                    self.board.record_recovery(&timing);
-                }
-            }
-            ProxyEvent::RecoveryFailed => {
-                let why = match s.proxy.take_restored() {
-                    Some(Err(why)) => why,
-                    _ => "unknown".into(),
-                };
-                tracing::error!("the new driver could not be restored: {why}");
-                self.restart_failed();
-            }
-        }
-    }
-
-    fn on_restart_command(&mut self) {
-        match self.phase {
-            Phase::Serving => {
-                self.driver_failed("restart requested by the operator", Cause::Operator)
-            }
-            Phase::Failed { .. } => {
-                tracing::info!("restart requested by the operator");
-                self.restarts.clear();
-                self.phase = Phase::Recovering(Step::Backoff {
-                    until: Instant::now(),
-                });
-                self.board.update(|b| b.state = "recovering".into());
-            }
-            _ => {}
-        }
-    }
-
-    /// The serving driver failed (`kind` of failure, `cause` in words): kill what is left of
-    /// it and start the way back.
-    fn driver_failed(&mut self, cause: &str, kind: Cause) {
-        if !matches!(
-            self.phase,
-            Phase::Serving | Phase::Recovering(Step::Restoring)
-        ) {
-            return;
-        }
-        let Some(s) = &self.served else {
-            return;
-        };
-        // A process the kernel killed for the memory limit shows as a death or a closed
-        // channel; name the reason.
-        let hoarding = self
-            .watch
-            .death_cause(self.cgroup.as_ref(), &self.config.limits);
-        let (cause, kind) = match &hoarding {
-            Some(hoarding) => (format!("{hoarding} ({cause})"), Cause::Hoarding),
-            None => (cause.to_string(), kind),
-        };
-        if matches!(self.phase, Phase::Recovering(_)) {
-            tracing::error!("the new driver failed while being restored: {cause}");
-            self.restart_failed();
-            return;
-        }
-        self.count_failure(kind);
-        tracing::error!(
-            "driver of {} failed: {cause}; restarting it",
-            s.mountpoint.display()
-        );
-        self.service.status(&format!("recovering: {cause}"));
-        s.proxy.driver_failed();
-        self.board.update(|b| {
-            b.state = "recovering".into();
-            b.failures += 1;
-            b.last_failure = Some(cause.clone());
-        });
-        // A driver that still works may finish what it holds (its channel is closed now);
-        // a dead, dying or hung one is killed.
-        let grace = match kind {
-            Cause::RefusedReply | Cause::SecondOpinion | Cause::Operator | Cause::Upgrade => {
-                self.config.restart_grace()
-            }
-            Cause::Crash | Cause::Hang | Cause::Hoarding | Cause::DuringRestore => Duration::ZERO,
-        };
-        self.stop_driver(grace);
-    }
-
-    /// A restart did not bring a working driver: try again, within the budget.
-    fn restart_failed(&mut self) {
-        self.count_failure(Cause::DuringRestore);
-        self.upgrade_failed();
-        if let Some(s) = &self.served {
-            s.proxy.driver_failed();
-        }
-        self.stop_driver(Duration::ZERO);
-    }
-
-    /// Ends the failed driver's processes (their channel is closed): `grace` to exit by
-    /// themselves before SIGKILL, or (no grace) SIGKILL at once.
-    fn stop_driver(&mut self, grace: Duration) {
-        if let Some(s) = &self.served {
-            s.proxy.fail_requests_of_driver();
-        }
-        let now = Instant::now();
-        let kill_at = if grace.is_zero() {
-            process::signal_all(Signal::KILL, &self.standby_processes());
-            None
-        } else {
-            // No SIGTERM: libfuse, its loop ended by the closed channel, restores the default
-            // action before it flushes, and the signal would then kill it mid-flush. (A
-            // stopped driver is continued, so that it sees its channel closed.)
-            process::signal_all(Signal::CONT, &self.standby_processes());
-            Some(now + grace)
-        };
-        self.phase = Phase::Recovering(Step::Reaping {
-            deadline: now + grace + Duration::from_secs(10),
-            kill_at,
-        });
-    }
-
-    fn reap(&mut self) {
-        // Reap on every turn: a SIGCHLD can be coalesced with another.
-        for (pid, exit) in process::reap_all() {
-            tracing::debug!("pid {pid} ended with {exit}");
-            if Some(pid) == self.standby_pid() {
-                if !self.standby_daemonized(exit) {
-                    self.drop_standby(&format!("it ended ({exit})"), true);
-                }
-                continue;
-            }
-            if pid != self.driver_pid {
-                // The daemon a driver became: how it ended is the failure's cause (the
-                // process rebound started exited 0 when it daemonized).
-                // (Only while it serves: a stopping driver's status is the leader's.)
-                if matches!(self.phase, Phase::Serving)
-                    && Some(pid) == self.board.snapshot().driver_pid
-                {
-                    tracing::info!("the driver's serving process {pid} ended ({exit})");
-                    self.driver_exit = Some(exit);
-                }
-                continue;
-            }
-            self.driver_exit = Some(exit);
-            if let (Phase::Serving | Phase::Recovering(Step::Restoring), Some(s)) =
-                (&self.phase, &self.served)
-            {
-                if let Some(daemon) = process::holder_of_socket(s.channel_inode) {
-                    tracing::info!("driver daemonized; pid {daemon} serves the mount");
-                    self.board.update(|s| s.driver_pid = Some(daemon));
-                }
-            }
-        }
-    }
-
-    /// What the driver's cgroup used at the last hoarding check, on the board.
-    fn publish_usage(&self) {
-        let usage = self.watch.latest();
-        let cpu_ms = usage.cpu_ns / 1_000_000;
-        let current = self.board.snapshot();
-        if (
-            current.driver_memory_bytes,
-            current.driver_tasks,
-            current.driver_cpu_ms,
-        ) != (usage.anon_bytes, usage.tasks, cpu_ms)
-        {
-            self.board.update(|b| {
-                b.driver_memory_bytes = usage.anon_bytes;
-                b.driver_tasks = usage.tasks;
-                b.driver_cpu_ms = cpu_ms;
-            });
-        }
-    }
-
-    fn count_failure(&self, kind: Cause) {
-        self.board.update(|b| {
-            *b.failures_by_cause.entry(kind.name().into()).or_default() += 1;
-        });
-    }
-
-    /// The recovery under way has passed `phase` (see `proxy::RecoveryTiming`).
-    fn recovery_phase_done(&self, phase: &'static str) {
-        if let Some(s) = &self.served {
-            s.proxy.recovery_phase_done(phase);
-        }
-    }
-
     /// After the first driver failed before mounting: what its sandbox hid of what it was
     /// given, each with the key that shows it, or how to tell whether the sandbox is the cause.
     fn explain_sandbox(&self) {
@@ -1050,339 +722,6 @@ impl Run<'_> {
                 profile.name()
             );
         }
-    }
-
-    /// Whether no process of the driver is left (a standby's do not count). While serving,
-    /// looked for (beyond the cheap check for no child at all) only once a child exited this
-    /// turn: the look reads `/proc`, and serving turns come with every intercepted splice.
-    fn driver_processes_gone(&self, child_exited: bool) -> bool {
-        if !process::has_children() {
-            return true;
-        }
-        if self.standby.is_none() {
-            return false;
-        }
-        if matches!(self.phase, Phase::Serving) && !child_exited {
-            return false;
-        }
-        let standby = self.standby_processes();
-        process::children().iter().all(|pid| standby.contains(pid))
-    }
-
-    /// When no driver process is left: what that means in each phase. Returns the exit code
-    /// when the run is over.
-    fn on_processes_gone(&mut self, child_exited: bool) -> Option<i32> {
-        if !self.driver_processes_gone(child_exited) {
-            return None;
-        }
-        let driver_name = &self.command.name;
-        match self.phase {
-            Phase::Starting { .. } => Some(match self.driver_exit {
-                Some(exit) if exit != Exit::Code(0) => {
-                    tracing::error!("driver `{driver_name}` failed before mounting ({exit})");
-                    self.explain_sandbox();
-                    exit.shell_code()
-                }
-                _ => {
-                    tracing::error!(
-                        "`{driver_name}` exited without mounting a FUSE file system; is it a FUSE driver?"
-                    );
-                    1
-                }
-            }),
-            Phase::Serving => {
-                let how = self
-                    .driver_exit
-                    .map_or_else(|| "exited".to_string(), |e| e.to_string());
-                self.driver_failed(&format!("driver process gone ({how})"), Cause::Crash);
-                None
-            }
-            Phase::Recovering(Step::Reaping { kill_at, .. }) => {
-                // (`kill_at` is taken when the kill is sent.)
-                self.exited_by_itself = kill_at.is_some();
-                self.recovery_phase_done("reap");
-                self.next_restart();
-                None
-            }
-            Phase::Recovering(Step::Mounting { .. } | Step::Restoring) => {
-                let how = self
-                    .driver_exit
-                    .map_or_else(|| "exited".to_string(), |e| e.to_string());
-                tracing::error!("the new driver `{driver_name}` ended ({how}) before serving");
-                self.restart_failed();
-                self.next_restart();
-                None
-            }
-            Phase::Recovering(Step::Backoff { .. }) | Phase::Failed { .. } => None,
-            Phase::Stopping {
-                exit_code,
-                driver_initiated,
-                killed,
-                ..
-            } => {
-                let failed = self
-                    .driver_exit
-                    .filter(|e| driver_initiated && !killed && *e != Exit::Code(0));
-                // Whether the mount has served: a driver that fails before it answers anything
-                // (sshfs that cannot reach its server) ends the run with its exit status.
-                let served = self.served.as_ref().is_some_and(|s| {
-                    s.proxy
-                        .stats
-                        .replies
-                        .load(std::sync::atomic::Ordering::Relaxed)
-                        > 0
-                });
-                if let (Some(exit), true) = (failed, served) {
-                    // It asked to unmount and then failed: a crash on its way out (a Rust
-                    // driver's panic unwinds into its unmount). The mount is still rebound's:
-                    // the driver is restarted.
-                    self.phase = Phase::Serving;
-                    self.driver_failed(
-                        &format!("driver failed after it asked to unmount ({exit})"),
-                        Cause::Crash,
-                    );
-                    return None;
-                }
-                if let Some(s) = &self.served {
-                    log_stats(s);
-                    if driver_initiated {
-                        unmount(&s.mountpoint);
-                    }
-                }
-                if let Some(exit) = failed {
-                    tracing::error!("driver `{driver_name}` failed ({exit})");
-                    return Some(exit.shell_code());
-                }
-                Some(exit_code)
-            }
-        }
-    }
-
-    /// The failed driver is gone: schedule the next restart, or apply the budget's policy.
-    fn next_restart(&mut self) {
-        let now = Instant::now();
-        let window = self.config.restart_window();
-        while self
-            .restarts
-            .front()
-            .is_some_and(|&at| now.duration_since(at) >= window)
-        {
-            self.restarts.pop_front();
-        }
-        let recent = self.restarts.len() as u32;
-        if recent >= self.config.restart_budget {
-            self.budget_spent();
-            return;
-        }
-        let backoff = if recent == 0 {
-            Duration::ZERO
-        } else {
-            self.config
-                .restart_backoff()
-                .saturating_mul(1 << (recent - 1).min(16))
-                .min(self.config.restart_backoff_max())
-        };
-        self.phase = Phase::Recovering(Step::Backoff {
-            until: now + backoff,
-        });
-    }
-
-    fn budget_spent(&mut self) {
-        let budget = self.config.restart_budget;
-        let window_ms = self.config.restart_window_ms;
-        let Some(s) = &self.served else {
-            return;
-        };
-        match self.config.on_budget_exhausted {
-            BudgetPolicy::FailRequests => {
-                tracing::error!(
-                    "{budget} restarts within {window_ms} ms: giving up for now; requests to {} \
-                     fail with EIO until a later restart succeeds",
-                    s.mountpoint.display()
-                );
-                s.proxy.fail_requests();
-                self.board.update(|b| b.state = "failed".into());
-                let retry_at = self
-                    .restarts
-                    .front()
-                    .map_or_else(Instant::now, |&at| at + self.config.restart_window());
-                self.phase = Phase::Failed { retry_at };
-            }
-            BudgetPolicy::Unmount => {
-                tracing::error!(
-                    "{budget} restarts within {window_ms} ms: giving up; unmounting {}",
-                    s.mountpoint.display()
-                );
-                unmount(&s.mountpoint);
-                s.proxy.fail_requests();
-                self.board.update(|b| b.state = "stopping".into());
-                // No driver process is left: the run ends on the next turn, with failure.
-                self.phase = Phase::Stopping {
-                    deadline: Instant::now() + self.config.stop_timeout(),
-                    killed: false,
-                    exit_code: 1,
-                    driver_initiated: false,
-                };
-            }
-        }
-    }
-
-    fn on_tick(&mut self) -> anyhow::Result<()> {
-        let now = Instant::now();
-        self.answer_for_dying_driver_threads(now);
-        match &mut self.phase {
-            Phase::Starting { deadline } if now >= *deadline => {
-                tracing::error!(
-                    "`{}` did not mount a FUSE file system within {} ms; is it a FUSE driver?",
-                    self.command.name,
-                    self.config.mount_timeout_ms
-                );
-                self.phase = self.stopping(true, 1);
-            }
-            Phase::Serving => {
-                if let Some(s) = &self.served {
-                    // A second opinion costs a restart; never the last one of the budget, which
-                    // is kept for a crash.
-                    let window = self.config.restart_window();
-                    let recent = self
-                        .restarts
-                        .iter()
-                        .filter(|&&at| now.duration_since(at) < window)
-                        .count() as u32;
-                    s.proxy
-                        .allow_second_opinions(recent + 1 < self.config.restart_budget);
-                }
-                let hang = self.served.as_ref().and_then(|s| {
-                    s.proxy
-                        .check_liveness(self.config.request_timeout(), self.config.probe_timeout())
-                });
-                self.check_helper_mount();
-                let cause = hang.map(|why| (why, Cause::Hang)).or_else(|| {
-                    let s = self.served.as_ref()?;
-                    let requests = s
-                        .proxy
-                        .stats
-                        .requests
-                        .load(std::sync::atomic::Ordering::Relaxed);
-                    self.watch
-                        .check(
-                            self.cgroup.as_ref(),
-                            &self.config.limits,
-                            requests,
-                            s.proxy.waiting_since().is_some(),
-                        )
-                        .map(|why| (why, Cause::Hoarding))
-                });
-                self.publish_usage();
-                if let Some((why, kind)) = cause {
-                    self.driver_failed(&why, kind);
-                } else {
-                    self.keep_standby(now);
-                }
-            }
-            Phase::Recovering(Step::Reaping {
-                kill_at: Some(at), ..
-            }) if now < *at => {}
-            Phase::Recovering(Step::Reaping { deadline, kill_at }) if now < *deadline => {
-                if kill_at.take().is_some() {
-                    tracing::warn!(
-                        "the failed driver did not exit within restart_grace_ms ({} ms); killing it",
-                        self.config.restart_grace_ms
-                    );
-                }
-                // A driver that forks as fast as it can may have made new processes since
-                // the last signal.
-                process::signal_all(Signal::KILL, &self.standby_processes());
-            }
-            Phase::Recovering(Step::Reaping { deadline, .. }) if now >= *deadline => {
-                tracing::warn!("processes of the failed driver do not exit; restarting anyway");
-                self.recovery_phase_done("reap");
-                self.next_restart();
-            }
-            Phase::Recovering(Step::Backoff { until }) if now >= *until => {
-                self.restarts.push_back(now);
-                self.recovery_phase_done("backoff");
-                if let Some(image) = &self.image {
-                    match image.roll_back() {
-                        Ok(took) => tracing::info!(
-                            "image rolled back to its last checkpoint in {:.1} ms",
-                            took.as_secs_f64() * 1000.0
-                        ),
-                        Err(e) => tracing::error!("rolling the image back: {e}"),
-                    }
-                    self.recovery_phase_done("rollback");
-                }
-                if !self.config.pre_restart.is_empty() && !self.upgraded_from_clean_exit() {
-                    self.run_pre_restart();
-                    self.recovery_phase_done("pre_restart");
-                }
-                // After the store is repaired: a standby held before exec has not opened it.
-                if self.promote_standby(now)? {
-                    return Ok(());
-                }
-                // The new driver starts where the mount point is not mounted, as at its first
-                // start (see `start_driver`); one that mounts through fusermount is shown the
-                // mount once its mount(2) is answered (see `intercept`).
-                let mountpoint = self.served.as_ref().map(|s| s.mountpoint.clone());
-                let view = match &mountpoint {
-                    Some(m) => MountPoint::Hidden(m),
-                    None => MountPoint::Unknown,
-                };
-                self.watch.driver_started(self.cgroup.as_ref());
-                let Started {
-                    pid,
-                    listener,
-                    logger,
-                    ..
-                } = start_driver(
-                    self.config,
-                    &self.command,
-                    view,
-                    self.cgroup.as_ref(),
-                    self.log_label.clone(),
-                    false,
-                )?;
-                self.stderr_loggers.push(logger);
-                tracing::info!("restarted driver `{}` as pid {pid}", self.command.name);
-                self.listener = listener;
-                self.listener_open = true;
-                self.driver_pid = pid;
-                self.driver_exit = None;
-                self.board.update(|b| b.driver_pid = Some(pid));
-                self.phase = Phase::Recovering(Step::Mounting {
-                    deadline: now + self.config.mount_timeout(),
-                });
-            }
-            Phase::Recovering(Step::Mounting { deadline }) if now >= *deadline => {
-                tracing::error!(
-                    "the new driver did not mount within {} ms",
-                    self.config.mount_timeout_ms
-                );
-                self.restart_failed();
-            }
-            Phase::Failed { retry_at } if now >= *retry_at => {
-                tracing::info!("trying the driver again");
-                self.phase = Phase::Recovering(Step::Backoff { until: now });
-                self.board.update(|b| b.state = "recovering".into());
-            }
-            Phase::Stopping {
-                deadline, killed, ..
-            } if now >= *deadline && !*killed => {
-                tracing::warn!(
-                    "driver did not stop within {} ms; killing it",
-                    self.config.stop_timeout_ms
-                );
-                // Processes waiting on requests to the mount die only once answered.
-                if let Some(s) = &self.served {
-                    s.proxy.fail_requests();
-                }
-                process::signal_all(Signal::KILL, &[]);
-                *killed = true;
-                *deadline = now + self.config.stop_timeout();
-            }
-            _ => {}
-        }
-        Ok(())
     }
 
     /// Whether a driver that closed its channel is unmounting, an orderly end rather than a
@@ -1495,45 +834,6 @@ impl Run<'_> {
         }
         for cgroup in [&self.cgroup, &self.standby_cgroup].into_iter().flatten() {
             cgroup.remove();
-        }
-    }
-
-    /// Runs the configured `pre_restart` command, bounded by the mount timeout, where the
-    /// mount point is not mounted (see [`spawn::outside_mount`]).
-    fn run_pre_restart(&self) {
-        let (Some((program, args)), Some(s)) =
-            (self.config.pre_restart.split_first(), &self.served)
-        else {
-            return;
-        };
-        let started = Instant::now();
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null());
-        let outcome = spawn::outside_mount(&mut command, &s.mountpoint)
-            .and_then(|()| command.spawn())
-            .and_then(|mut child| {
-                let deadline = started + self.config.mount_timeout();
-                loop {
-                    if let Some(status) = child.try_wait()? {
-                        return Ok(status);
-                    }
-                    if Instant::now() >= deadline {
-                        let _ = child.kill();
-                        return child.wait();
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            });
-        match outcome {
-            Ok(status) => tracing::info!(
-                "pre_restart `{}` ended with {status} after {} ms",
-                self.config.pre_restart.join(" "),
-                started.elapsed().as_millis()
-            ),
-            Err(e) => tracing::warn!("pre_restart `{program}`: {e}"),
         }
     }
 

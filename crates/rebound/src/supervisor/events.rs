@@ -1,0 +1,282 @@
+//! What the supervisor hears: the proxy's events (a driver gone, misbehaving, restored,
+//! initialised; a recovery measured), the end of processes (reaped, a driver that daemonized,
+//! no driver process left in a phase), and the driver's cgroup figures put on the board.
+//!
+//! Owns: turning those into failures, phases and status. Must not: restart anything itself
+//! (`restart` does).
+
+use std::time::Instant;
+
+use super::process::{self, Exit};
+use super::restart::Cause;
+use super::{log_stats, unmount, Phase, Run, Step};
+use crate::proxy::ProxyEvent;
+
+impl Run<'_> {
+    pub(super) fn on_proxy_event(&mut self, event: ProxyEvent) {
+        if matches!(event, ProxyEvent::DriverGone) && self.unmount_follows_close() {
+            return;
+        }
+        let Some(s) = &self.served else {
+            return;
+        };
+        match event {
+            ProxyEvent::KernelGone => {
+                if !matches!(self.phase, Phase::Stopping { .. }) {
+                    tracing::info!(
+                        "{} was unmounted; stopping the driver",
+                        s.mountpoint.display()
+                    );
+                    self.phase = self.stopping(true, 0);
+                }
+            }
+            ProxyEvent::DriverGone if !s.proxy.driver_channel_closed() => {
+                // Reported while the failed driver was current, read once its successor
+                // was attached (the failure was found another way on the same turn).
+                tracing::debug!("a driver that is no longer current closed its channel");
+            }
+            ProxyEvent::DriverGone => {
+                let how = self
+                    .driver_exit
+                    .map_or_else(String::new, |e| format!(" ({e})"));
+                self.driver_failed(&format!("driver closed its channel{how}"), Cause::Crash);
+            }
+            ProxyEvent::DriverMisbehaved => {
+                let why = s.proxy.misbehaviour().unwrap_or_default();
+                let kind = if why.ends_with(crate::proxy::SECOND_OPINION) {
+                    Cause::SecondOpinion
+                } else {
+                    Cause::RefusedReply
+                };
+                self.driver_failed(&format!("misbehaved: {why}"), kind);
+            }
+            ProxyEvent::Recovered => {
+                let Some(Ok(restored)) = s.proxy.take_restored() else {
+                    return;
+                };
+                tracing::info!(
+                    "recovered {}: {} logged changes replayed, {} handles reopened, {} lost, \
+                     {} nodes to look up as needed, {} waiting requests resent or settled, in \
+                     {:.1} ms",
+                    s.mountpoint.display(),
+                    restored.replayed,
+                    restored.handles,
+                    restored.lost,
+                    restored.nodes,
+                    restored.resent,
+                    restored.restore_ms
+                );
+                let serving = process::holder_of_socket(s.channel_inode);
+                let upgraded = self.upgrade_served();
+                self.board.update(|b| {
+                    b.state = "serving".into();
+                    b.restarts += 1;
+                    b.upgrades += u64::from(upgraded);
+                    if serving.is_some() {
+                        b.driver_pid = serving;
+                    }
+                });
+                self.phase = Phase::Serving;
+                let status = self.board.snapshot();
+                self.service.serving(&status.mountpoint, status.restarts);
+                // The next failure's successor, started now rather than at the next tick:
+                // failures can come faster than ticks.
+                self.keep_standby(Instant::now());
+            }
+            ProxyEvent::Initialized => {
+                // A daemonizing driver's child answers INIT; its parent may still be waiting
+                // to be reaped, and the status must not name it meanwhile.
+                if matches!(self.phase, Phase::Serving) {
+                    self.board.update(|b| b.ready = true);
+                    let status = self.board.snapshot();
+                    self.service.serving(&status.mountpoint, status.restarts);
+                    if let Some(serving) = process::holder_of_socket(s.channel_inode) {
+                        self.board.update(|b| b.driver_pid = Some(serving));
+                    }
+                }
+            }
+            ProxyEvent::RecoveryMeasured => {
+                for timing in s.proxy.take_recovery_timings() {
+                    let phases: Vec<String> = timing
+                        .phases
+                        .iter()
+                        .map(|(phase, ms)| format!("{phase} {ms:.1}"))
+                        .collect();
+                    tracing::info!(
+                        "serving again {:.1} ms after the failure ({})",
+                        timing.total_ms,
+                        phases.join(", ")
+                    );
+                    self.board.record_recovery(&timing);
+                }
+            }
+            ProxyEvent::RecoveryFailed => {
+                let why = match s.proxy.take_restored() {
+                    Some(Err(why)) => why,
+                    _ => "unknown".into(),
+                };
+                tracing::error!("the new driver could not be restored: {why}");
+                self.restart_failed();
+            }
+        }
+    }
+
+    pub(super) fn reap(&mut self) {
+        // Reap on every turn: a SIGCHLD can be coalesced with another.
+        for (pid, exit) in process::reap_all() {
+            tracing::debug!("pid {pid} ended with {exit}");
+            if Some(pid) == self.standby_pid() {
+                if !self.standby_daemonized(exit) {
+                    self.drop_standby(&format!("it ended ({exit})"), true);
+                }
+                continue;
+            }
+            if pid != self.driver_pid {
+                // The daemon a driver became: how it ended is the failure's cause (the
+                // process rebound started exited 0 when it daemonized).
+                // (Only while it serves: a stopping driver's status is the leader's.)
+                if matches!(self.phase, Phase::Serving)
+                    && Some(pid) == self.board.snapshot().driver_pid
+                {
+                    tracing::info!("the driver's serving process {pid} ended ({exit})");
+                    self.driver_exit = Some(exit);
+                }
+                continue;
+            }
+            self.driver_exit = Some(exit);
+            if let (Phase::Serving | Phase::Recovering(Step::Restoring), Some(s)) =
+                (&self.phase, &self.served)
+            {
+                if let Some(daemon) = process::holder_of_socket(s.channel_inode) {
+                    tracing::info!("driver daemonized; pid {daemon} serves the mount");
+                    self.board.update(|s| s.driver_pid = Some(daemon));
+                }
+            }
+        }
+    }
+
+    /// What the driver's cgroup used at the last hoarding check, on the board.
+    pub(super) fn publish_usage(&self) {
+        let usage = self.watch.latest();
+        let cpu_ms = usage.cpu_ns / 1_000_000;
+        let current = self.board.snapshot();
+        if (
+            current.driver_memory_bytes,
+            current.driver_tasks,
+            current.driver_cpu_ms,
+        ) != (usage.anon_bytes, usage.tasks, cpu_ms)
+        {
+            self.board.update(|b| {
+                b.driver_memory_bytes = usage.anon_bytes;
+                b.driver_tasks = usage.tasks;
+                b.driver_cpu_ms = cpu_ms;
+            });
+        }
+    }
+
+    /// Whether no process of the driver is left (a standby's do not count). While serving,
+    /// looked for (beyond the cheap check for no child at all) only once a child exited this
+    /// turn: the look reads `/proc`, and serving turns come with every intercepted splice.
+    pub(super) fn driver_processes_gone(&self, child_exited: bool) -> bool {
+        if !process::has_children() {
+            return true;
+        }
+        if self.standby.is_none() {
+            return false;
+        }
+        if matches!(self.phase, Phase::Serving) && !child_exited {
+            return false;
+        }
+        let standby = self.standby_processes();
+        process::children().iter().all(|pid| standby.contains(pid))
+    }
+
+    /// When no driver process is left: what that means in each phase. Returns the exit code
+    /// when the run is over.
+    pub(super) fn on_processes_gone(&mut self, child_exited: bool) -> Option<i32> {
+        if !self.driver_processes_gone(child_exited) {
+            return None;
+        }
+        let driver_name = &self.command.name;
+        match self.phase {
+            Phase::Starting { .. } => Some(match self.driver_exit {
+                Some(exit) if exit != Exit::Code(0) => {
+                    tracing::error!("driver `{driver_name}` failed before mounting ({exit})");
+                    self.explain_sandbox();
+                    exit.shell_code()
+                }
+                _ => {
+                    tracing::error!(
+                        "`{driver_name}` exited without mounting a FUSE file system; is it a FUSE driver?"
+                    );
+                    1
+                }
+            }),
+            Phase::Serving => {
+                let how = self
+                    .driver_exit
+                    .map_or_else(|| "exited".to_string(), |e| e.to_string());
+                self.driver_failed(&format!("driver process gone ({how})"), Cause::Crash);
+                None
+            }
+            Phase::Recovering(Step::Reaping { kill_at, .. }) => {
+                // (`kill_at` is taken when the kill is sent.)
+                self.exited_by_itself = kill_at.is_some();
+                self.recovery_phase_done("reap");
+                self.next_restart();
+                None
+            }
+            Phase::Recovering(Step::Mounting { .. } | Step::Restoring) => {
+                let how = self
+                    .driver_exit
+                    .map_or_else(|| "exited".to_string(), |e| e.to_string());
+                tracing::error!("the new driver `{driver_name}` ended ({how}) before serving");
+                self.restart_failed();
+                self.next_restart();
+                None
+            }
+            Phase::Recovering(Step::Backoff { .. }) | Phase::Failed { .. } => None,
+            Phase::Stopping {
+                exit_code,
+                driver_initiated,
+                killed,
+                ..
+            } => {
+                let failed = self
+                    .driver_exit
+                    .filter(|e| driver_initiated && !killed && *e != Exit::Code(0));
+                // Whether the mount has served: a driver that fails before it answers anything
+                // (sshfs that cannot reach its server) ends the run with its exit status.
+                let served = self.served.as_ref().is_some_and(|s| {
+                    s.proxy
+                        .stats
+                        .replies
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                        > 0
+                });
+                if let (Some(exit), true) = (failed, served) {
+                    // It asked to unmount and then failed: a crash on its way out (a Rust
+                    // driver's panic unwinds into its unmount). The mount is still rebound's:
+                    // the driver is restarted.
+                    self.phase = Phase::Serving;
+                    self.driver_failed(
+                        &format!("driver failed after it asked to unmount ({exit})"),
+                        Cause::Crash,
+                    );
+                    return None;
+                }
+                if let Some(s) = &self.served {
+                    log_stats(s);
+                    if driver_initiated {
+                        unmount(&s.mountpoint);
+                    }
+                }
+                if let Some(exit) = failed {
+                    tracing::error!("driver `{driver_name}` failed ({exit})");
+                    return Some(exit.shell_code());
+                }
+                Some(exit_code)
+            }
+        }
+    }
+}
