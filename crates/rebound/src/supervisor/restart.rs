@@ -134,6 +134,8 @@ impl Run<'_> {
         if let Some(s) = &self.served {
             s.proxy.fail_requests_of_driver();
         }
+        // Known once its processes are all gone (see `on_processes_gone`).
+        self.exited_by_itself = false;
         let now = Instant::now();
         let kill_at = if grace.is_zero() {
             process::signal_all(Signal::KILL, &self.standby_processes());
