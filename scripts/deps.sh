@@ -12,7 +12,9 @@ packages=(fuse3 libfuse3-dev fuse2fs e2fsprogs xfsprogs sshfs openssh-server ope
           bindfs fuse-overlayfs unionfs-fuse mergerfs gocryptfs securefs ntfs-3g squashfuse
           squashfs-tools archivemount encfs rclone lxcfs
           # The conformance suite pjdfstest links libacl.
-          libacl1-dev)
+          libacl1-dev
+          # The unit is tested under a systemd of its own, in namespaces (test_systemd.py).
+          systemd util-linux)
 # `deps.sh bench`: also what the benchmarks plot with.
 if [ "${1:-}" = bench ]; then
   packages+=(python3-matplotlib)

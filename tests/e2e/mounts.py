@@ -541,6 +541,7 @@ class Mount:
     # rebound's `image` checkpoints.
     reflink: bool = False
     allow_other: bool = False  # other users may use the mount (see ALLOW_OTHER)
+    rebound: Path = None  # the rebound binary that serves it (default: rebound_bin())
     proc: subprocess.Popen = None  # rebound, or a foreground driver, or a daemonizing one's parent
     driver_pids: list = field(default_factory=list)
     returncode: int = None  # of rebound or of a foreground driver, once stopped
@@ -572,7 +573,7 @@ class Mount:
             driver = ["env", *(f"{k}={v}" for k, v in self.driver_env.items())] + driver
         if self.mode == "direct":
             return driver
-        cmd = [str(rebound_bin()), "run"]
+        cmd = [str(self.rebound or rebound_bin()), "run"]
         if self.config is not None:
             cfg = self.work / "rebound.toml"
             # IMAGE in a config stands for this mount's image file (fuse2fs' pre_restart).
@@ -760,13 +761,13 @@ class Mount:
 @contextlib.contextmanager
 def mount_driver(driver, mode, *, sshd=None, image_size=64 * MiB, config=None,
                  after_stop=None, watchdog=WATCHDOG, driver_env=None, reflink=False,
-                 allow_other=False):
+                 allow_other=False, rebound=None):
     """Mounts driver in mode ("direct" or "rebound") in a fresh /tmp directory and yields the
     Mount. On a normal exit it stops the mount, asserts a clean stop and calls after_stop(m)
     (to inspect the backing store); in every case it then cleans up."""
     assert mode in MODES, mode
     m = Mount(driver, mode, new_workdir(driver), sshd=sshd, config=config, watchdog=watchdog,
-              driver_env=driver_env, reflink=reflink, allow_other=allow_other)
+              driver_env=driver_env, reflink=reflink, allow_other=allow_other, rebound=rebound)
     try:
         m.prepare(image_size)
         m.start()

@@ -464,3 +464,44 @@ def test_under_systemd_the_log_goes_to_the_journal_with_the_mount_s_fields(workd
         proc.wait(timeout=mounts.STOP_TIMEOUT)
         journal.close()
         os.close(read_end)
+
+
+# --- rebound itself replaced ------------------------------------------------------------------
+
+@pytest.mark.recovery
+@pytest.mark.parametrize("driver", ["passthrough_ll", "fuse2fs", "sshfs"])
+def test_rebound_reloads_itself_under_a_verifying_workload(mount, driver, workdir):
+    """`rebound reload` five times while a workload checks every byte against its model: the
+    same process (pid) serves on, each time from the binary then installed (the file is
+    replaced before the third), the mount never goes away, and the application sees no
+    error."""
+    installed = workdir / "rebound"
+    shutil.copy2(mounts.rebound_bin(), installed)
+    with mount(driver, "rebound", config=DRIVER_CONFIG.get(driver, ""),
+               reflink=driver == "fuse2fs", rebound=installed) as m:
+        first = wait_serving(m)
+        s = workloads.scale()
+        outcome = {}
+        worker = threading.Thread(target=lambda: outcome.update(
+            result=workloads.model(m.mnt, 11, s.model_seconds, s.model_size)))
+        worker.start()
+        answers = []
+        try:
+            for i in range(5):
+                if i == 2:
+                    install_copy(mounts.rebound_bin(), installed)
+                mounts.wait_for(lambda: not worker.is_alive(), s.model_seconds / 6)
+                rc, out, err, _ = mounts.run_rebound(["reload", str(m.mnt)], timeout=180)
+                answers.append((rc, out + err, mounts.is_fuse_mounted(m.mnt)))
+        finally:
+            worker.join(s.model_seconds + 120)
+        for rc, out, mounted in answers:
+            assert rc == 0 and "reloaded rebound" in out and mounted, explain(m, out)
+        result = outcome["result"]
+        assert result.ok, explain(m, result.summary())
+        status = mount_status(m.mnt)
+        assert status["reloads"] == 5 and status["rebound_pid"] == first["rebound_pid"], status
+        assert status["failures_by_cause"] == {"reload": 5}, status
+        assert status["lost_objects"] == 0, status
+        # Running the file installed now, not the one it started from.
+        assert exe(status["rebound_pid"]) == str(installed), status

@@ -30,19 +30,7 @@ impl ImageCheckpoint {
     /// Takes the first checkpoint, of the image as it is before any driver opened it. Fails
     /// with a one-line reason when the image's file system cannot clone files.
     pub fn new(image: &Path) -> Result<ImageCheckpoint, String> {
-        let image = std::path::absolute(image).map_err(|e| format!("image: {e}"))?;
-        let name = image
-            .file_name()
-            .ok_or_else(|| format!("image = {}: not a file", image.display()))?;
-        let mut hidden = std::ffi::OsString::from(".");
-        hidden.push(name);
-        hidden.push(".rebound-checkpoint");
-        let checkpoint = image.with_file_name(hidden);
-        let this = ImageCheckpoint {
-            image,
-            checkpoint,
-            rollbacks: Mutex::new(0),
-        };
+        let this = ImageCheckpoint::beside(image)?;
         clone_file(&this.image, &this.checkpoint).map_err(|e| {
             let _ = std::fs::remove_file(&this.checkpoint);
             let hint = if e.raw_os_error() == Some(libc::EOPNOTSUPP)
@@ -60,6 +48,37 @@ impl ImageCheckpoint {
             )
         })?;
         Ok(this)
+    }
+
+    /// The checkpoint a predecessor rebound left beside `image` (`rebound reload`), with the
+    /// redo log it handed over: what a roll-back then replays from.
+    pub fn adopt(image: &Path) -> Result<ImageCheckpoint, String> {
+        let this = ImageCheckpoint::beside(image)?;
+        if !this.checkpoint.is_file() {
+            return Err(format!(
+                "image = {}: no checkpoint at {} to take over",
+                this.image.display(),
+                this.checkpoint.display()
+            ));
+        }
+        Ok(this)
+    }
+
+    /// The image and where its checkpoint lives (a hidden file beside it).
+    fn beside(image: &Path) -> Result<ImageCheckpoint, String> {
+        let image = std::path::absolute(image).map_err(|e| format!("image: {e}"))?;
+        let name = image
+            .file_name()
+            .ok_or_else(|| format!("image = {}: not a file", image.display()))?;
+        let mut hidden = std::ffi::OsString::from(".");
+        hidden.push(name);
+        hidden.push(".rebound-checkpoint");
+        let checkpoint = image.with_file_name(hidden);
+        Ok(ImageCheckpoint {
+            image,
+            checkpoint,
+            rollbacks: Mutex::new(0),
+        })
     }
 
     /// How many roll-backs there have been; pass it to [`ImageCheckpoint::take`].

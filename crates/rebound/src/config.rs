@@ -16,6 +16,10 @@ pub struct Config {
     /// `capability_trace`); not a key of the file.
     #[serde(skip)]
     pub learn: Option<PathBuf>,
+    /// The file these settings were read from, if any (a reloaded rebound reads it again);
+    /// not a key of the file.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
     /// How long the driver may take from start to `mount(2)` before rebound gives up on it
     /// (it may be a command that is not a FUSE driver at all).
     pub mount_timeout_ms: u64,
@@ -267,6 +271,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             learn: None,
+            source: None,
             mount_timeout_ms: 30_000,
             stop_timeout_ms: 60_000,
             request_timeout_ms: 60_000,

@@ -49,9 +49,12 @@ enum Verb {
         /// the `[sandbox]` capabilities and system calls it uses are written to FILE.
         #[arg(long, value_name = "FILE")]
         learn: Option<PathBuf>,
+        /// Take over a mount a predecessor handed over (`rebound reload` runs this).
+        #[arg(long, value_name = "FILE", hide = true)]
+        resume: Option<PathBuf>,
         /// The driver's own command line, unchanged.
         #[arg(
-            required = true,
+            required_unless_present = "resume",
             trailing_var_arg = true,
             allow_hyphen_values = true,
             value_name = "DRIVER"
@@ -79,6 +82,12 @@ enum Verb {
         #[arg(last = true, value_name = "DRIVER")]
         driver: Vec<OsString>,
     },
+    /// Replace the rebound that serves a mount by the binary now installed (same pid), the
+    /// mount, the driver's state and every open file kept: `rebound reload /mnt/disk`.
+    Reload {
+        /// The mount point, as served by a `rebound run`.
+        mountpoint: PathBuf,
+    },
     /// Inject faults into a live driver (Nooks' fault types, and more):
     /// `rebound inject --mount /mnt/disk --fault pointer --count 5 --seed 7`.
     Inject(inject::InjectArgs),
@@ -89,7 +98,27 @@ fn main() -> ExitCode {
         let args: Vec<OsString> = std::env::args_os().skip(1).collect();
         return mount_helper::main(&args);
     }
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // A successor rebound's driver and config are the ones handed over.
+    let succession = match &mut cli.command {
+        Verb::Run {
+            resume: Some(path),
+            config,
+            driver,
+            ..
+        } => match supervisor::Succession::take(path) {
+            Ok(succession) => {
+                *driver = succession.argv();
+                config.clone_from(&succession.config);
+                Some(succession)
+            }
+            Err(e) => {
+                eprintln!("rebound: {e:#}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
     let default_level = match cli.verbose {
         0 => "info",
         1 => "debug",
@@ -101,8 +130,14 @@ fn main() -> ExitCode {
         if let Some(program) = driver.first() {
             fields.push(("REBOUND_DRIVER", program.to_string_lossy().into_owned()));
         }
+        // (A successor's mount point is mounted, and served by nobody until it has started:
+        // it must not be looked at.)
         let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
-        if let Some(mountpoint) = sandbox::named::likely_mountpoint(driver, &cwd) {
+        let mountpoint = match &succession {
+            Some(succession) => Some(succession.mountpoint().to_path_buf()),
+            None => sandbox::named::likely_mountpoint(driver, &cwd),
+        };
+        if let Some(mountpoint) = mountpoint {
             fields.push(("REBOUND_MOUNTPOINT", mountpoint.display().to_string()));
         }
     }
@@ -142,14 +177,17 @@ fn main() -> ExitCode {
             };
             ask_run(&mountpoint, request)
         }
+        Verb::Reload { mountpoint } => reload(&mountpoint),
         Verb::Run {
-            config,
+            config: source,
             learn,
             driver,
+            ..
         } => {
-            let config = match config.as_deref().map(Config::load).transpose() {
+            let config = match source.as_deref().map(Config::load).transpose() {
                 Ok(config) => Config {
                     learn,
+                    source,
                     ..config.unwrap_or_default()
                 },
                 Err(message) => {
@@ -157,7 +195,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match supervisor::run(&config, &driver) {
+            match supervisor::run(&config, &driver, succession) {
                 Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
                 Err(e) => {
                     eprintln!("rebound: {e:#}");
@@ -178,6 +216,7 @@ fn ask_run(mountpoint: &std::path::Path, request: OperatorRequest) -> ExitCode {
     let (done, doing) = match request {
         OperatorRequest::Restart => ("restarted", "restarting"),
         OperatorRequest::Upgrade(_) => ("upgraded", "upgrading"),
+        OperatorRequest::Reload => ("reloaded", "reloading"),
     };
     match control::request_restart(&socket, &request) {
         Ok(answer) if answer.ok => {
@@ -239,4 +278,59 @@ fn upgrade_command(
             .chain(args.iter().cloned())
             .collect(),
     ))
+}
+
+/// `rebound reload MOUNTPOINT`: asks the run to hand its mount over to the binary now
+/// installed, then waits for the successor (same pid) to serve it.
+fn reload(mountpoint: &std::path::Path) -> ExitCode {
+    let Some((socket, before)) = control::find_run(&control::run_dir(), mountpoint) else {
+        eprintln!("rebound: no rebound run serves {}", mountpoint.display());
+        return ExitCode::from(1);
+    };
+    let asked = std::time::Instant::now();
+    match control::request_restart(&socket, &OperatorRequest::Reload) {
+        Ok(answer) if answer.ok => {}
+        Ok(answer) => {
+            let why = answer.error.as_deref().unwrap_or("refused");
+            eprintln!("rebound: reloading {}: {why}", before.mountpoint);
+            return ExitCode::from(1);
+        }
+        Err(e) => {
+            eprintln!("rebound: reloading {}: {e}", before.mountpoint);
+            return ExitCode::from(1);
+        }
+    }
+    while asked.elapsed() < control::RESTART_WAIT {
+        let now = control::find_run(&control::run_dir(), mountpoint).map(|(_, s)| s);
+        match now {
+            Some(s) if s.reloads > before.reloads && s.state == "serving" => {
+                println!(
+                    "reloaded rebound for {} (pid {}): serving again after {:.1} ms",
+                    s.mountpoint,
+                    s.rebound_pid,
+                    asked.elapsed().as_secs_f64() * 1000.0
+                );
+                return ExitCode::SUCCESS;
+            }
+            Some(s)
+                if s.reloads == before.reloads
+                    && s.state == "serving"
+                    && s.restarts > before.restarts =>
+            {
+                eprintln!(
+                    "rebound: reloading {}: not handed over ({}); the driver was restarted instead",
+                    s.mountpoint,
+                    s.last_failure.as_deref().unwrap_or("see the run's log")
+                );
+                return ExitCode::from(1);
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+    eprintln!(
+        "rebound: reloading {}: no successor served within {} s",
+        before.mountpoint,
+        control::RESTART_WAIT.as_secs()
+    );
+    ExitCode::from(1)
 }

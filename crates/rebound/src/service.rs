@@ -68,6 +68,11 @@ impl ServiceManager {
         }
     }
 
+    /// The run hands its mount over to a successor, which says READY again.
+    pub fn reloading(&mut self) {
+        self.send(&[NotifyState::Reloading]);
+    }
+
     pub fn stopping(&self) {
         self.send(&[NotifyState::Stopping]);
     }

@@ -1,4 +1,5 @@
-//! More queues on a FUSE connection: `FUSE_DEV_IOC_CLONE`.
+//! More queues on a FUSE connection (`FUSE_DEV_IOC_CLONE`), and its descriptors kept across
+//! `execve` for a successor rebound.
 //!
 //! A cloned `/dev/fuse` descriptor reads from the same connection's request queue, but keeps
 //! its own list of requests being processed: a reply must be written to the descriptor that
@@ -29,4 +30,31 @@ pub fn clone_connection(master: BorrowedFd<'_>) -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     Ok(clone)
+}
+
+/// Keeps `/dev/fuse` descriptors across `execve` (a successor rebound takes the mount over):
+/// clears their close-on-exec flag.
+pub fn keep_across_exec(fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    for fd in fds {
+        rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
+    }
+    Ok(())
+}
+
+/// Takes ownership of a `/dev/fuse` descriptor a predecessor left open across `execve`, by
+/// its number. Fails unless `fd` is open on `/dev/fuse`; it is made close-on-exec again.
+pub fn inherited(fd: i32) -> io::Result<OwnedFd> {
+    let target = std::fs::read_link(format!("/proc/self/fd/{fd}"))?;
+    if target != std::path::Path::new("/dev/fuse") {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("descriptor {fd} is {}, not /dev/fuse", target.display()),
+        ));
+    }
+    // SAFETY: `fd` is open in this process (its /proc entry was just read) on /dev/fuse, and
+    // nothing else in this process owns it: it was inherited across execve, and the caller
+    // takes each inherited number once.
+    let owned = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)?;
+    Ok(owned)
 }

@@ -27,6 +27,9 @@ use zerocopy::FromBytes;
 
 use crate::inflight::Patches;
 
+mod snapshot;
+pub use snapshot::ObjectSnapshot;
+
 /// The inode number in the attributes of the `fuse_entry_out` at `at` of `reply` (0 if cut
 /// short).
 pub fn entry_ino(reply: &[u8], at: usize) -> u64 {
@@ -1012,6 +1015,25 @@ mod tests {
         let mut reply = open_reply(driver_fh);
         table.on_success(pending, &mut reply);
         open_handle(&reply, false).unwrap()
+    }
+
+    #[test]
+    fn a_snapshot_brings_back_the_same_table() {
+        let mut t = ObjectTable::new();
+        let d = looked_up(&mut t, ROOT_ID, b"d", 10);
+        let f = looked_up(&mut t, d, b"f", 11);
+        let fh = opened(&mut t, f, 77);
+        t.begin_generation(1);
+        let g = looked_up(&mut t, ROOT_ID, b"g", 12);
+        let json = serde_json::to_string(&t.snapshot()).unwrap();
+        let back = ObjectTable::from_snapshot(serde_json::from_str(&json).unwrap());
+        assert_eq!(serde_json::to_string(&back.snapshot()).unwrap(), json);
+        // Its indexes work: by name, by the driver's id, and the handle.
+        assert_eq!(back.pending_path(f).unwrap().len(), 2);
+        assert_eq!(back.pending_path(g), Some(Vec::new()));
+        assert_eq!(back.handles.get(&(fh, false)).map(|h| h.node), Some(f));
+        assert_eq!(back.by_driver.get(&12), Some(&g));
+        assert_eq!(back.names.get(&(d, b"f"[..].into())), Some(&f));
     }
 
     #[test]

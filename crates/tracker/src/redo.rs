@@ -76,7 +76,50 @@ pub fn is_mutation(opcode: Opcode) -> bool {
     )
 }
 
+/// A [`RedoLog`]'s entries as plain data, for a successor rebound that takes the mount over.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct RedoSnapshot {
+    /// Oldest first.
+    entries: Vec<MutationSnapshot>,
+    overflowed: bool,
+}
+
+/// `(request, the path of each id field, ino)`: a [`Mutation`] as plain data.
+type MutationSnapshot = (Vec<u8>, Vec<Option<Vec<Vec<u8>>>>, u64);
+
 impl RedoLog {
+    pub fn snapshot(&self) -> RedoSnapshot {
+        let path = |p: &Path| p.iter().map(|c| c.to_vec()).collect();
+        RedoSnapshot {
+            entries: self
+                .entries
+                .iter()
+                .map(|m| {
+                    let paths = m.paths.iter().map(|p| p.as_ref().map(path)).collect();
+                    (m.request.to_vec(), paths, m.ino)
+                })
+                .collect(),
+            overflowed: self.overflowed,
+        }
+    }
+
+    pub fn from_snapshot(snapshot: RedoSnapshot) -> RedoLog {
+        let mut log = RedoLog::default();
+        for (request, paths, ino) in snapshot.entries {
+            let paths = paths
+                .into_iter()
+                .map(|p| p.map(|p| p.into_iter().map(Vec::into_boxed_slice).collect()))
+                .collect();
+            log.record(Mutation {
+                request: request.into(),
+                paths,
+                ino,
+            });
+        }
+        log.overflowed |= snapshot.overflowed;
+        log
+    }
+
     pub fn record(&mut self, mutation: Mutation) {
         self.bytes += mutation.request.len();
         self.entries.push(mutation);
@@ -162,6 +205,20 @@ mod tests {
         // A stale mark covers nothing more.
         log.checkpointed(mark);
         assert_eq!(log.len(), 1);
+    }
+
+    #[test]
+    fn a_snapshot_brings_back_the_same_entries() {
+        let mut log = RedoLog::default();
+        log.record(mutation(100));
+        let mut named = mutation(50);
+        named.paths = vec![Some(vec![b"d"[..].into(), b"f"[..].into()]), None];
+        named.ino = 9;
+        log.record(named);
+        let json = serde_json::to_string(&log.snapshot()).unwrap();
+        let back = RedoLog::from_snapshot(serde_json::from_str(&json).unwrap());
+        assert_eq!(back.entries(), log.entries());
+        assert_eq!(back.bytes, log.bytes);
     }
 
     #[test]

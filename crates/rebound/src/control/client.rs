@@ -41,7 +41,15 @@ fn query_sockets(dir: &Path) -> Vec<(PathBuf, MountStatus)> {
         .filter_map(|path| match query(&path) {
             Ok(status) => Some((path, status)),
             Err(QueryError::Gone) => {
-                let _ = std::fs::remove_file(&path);
+                // Stale only if its run is gone: a run that is reloading (exec'ing its
+                // successor, same pid) is about to bind it anew.
+                let pid = path
+                    .file_stem()
+                    .and_then(|p| p.to_str())
+                    .unwrap_or_default();
+                if !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_file(&path);
+                }
                 None
             }
             Err(QueryError::Other(e)) => {
@@ -70,6 +78,7 @@ pub fn request_restart(socket: &Path, request: &OperatorRequest) -> Result<Resta
     let command = match request {
         OperatorRequest::Restart => "restart".to_string(),
         OperatorRequest::Upgrade(None) => "upgrade".to_string(),
+        OperatorRequest::Reload => "reload".to_string(),
         OperatorRequest::Upgrade(Some(argv)) => {
             let argv: Vec<String> = argv
                 .iter()

@@ -14,6 +14,8 @@
 //! - `upgrade` or `upgrade ["PROGRAM", "ARG", ...]` (a JSON array): the same, with the driver
 //!   replaced by its own command line run anew or by the one given; answered as `restart`,
 //!   `ok` only if the new driver is the one serving.
+//! - `reload`: the run hands its mount over to the rebound binary now installed (it execs
+//!   it, same pid); answered once taken, and `reloads` in the successor's status says done.
 //!
 //! Each connection has its own short-lived thread, so a slow restart does not hold up status
 //! queries. `rebound status` lists the sockets, asks each, and prints a table (or the JSON
@@ -122,6 +124,9 @@ pub struct MountStatus {
     /// Upgrades done (`rebound upgrade`): the new driver served.
     #[serde(default)]
     pub upgrades: u64,
+    /// Times this run's rebound was replaced by a successor (`rebound reload`).
+    #[serde(default)]
+    pub reloads: u64,
     /// The current driver's cgroup: anonymous memory, tasks, CPU time (0 without a cgroup).
     #[serde(default)]
     pub driver_memory_bytes: u64,
@@ -240,6 +245,9 @@ pub enum OperatorRequest {
     Restart,
     /// Replace the driver (`rebound upgrade`): by this command line, or by its own run anew.
     Upgrade(Option<Vec<std::ffi::OsString>>),
+    /// Replace this run's rebound by the binary now installed, the mount kept (`rebound
+    /// reload`). Answered once taken: the run then execs its successor.
+    Reload,
 }
 
 /// Asks the run for an [`OperatorRequest`]. It returns once the run has taken it (or refused
@@ -308,6 +316,7 @@ fn serve(conn: &UnixStream, board: &StatusBoard, trigger: &Trigger) {
         "upgrade" => {
             serde_json::to_string(&restart(board, trigger, OperatorRequest::Upgrade(None)))
         }
+        "reload" => serde_json::to_string(&reload(board, trigger)),
         cmd if cmd.starts_with("upgrade ") => {
             match serde_json::from_str::<Vec<String>>(&cmd["upgrade ".len()..]) {
                 Ok(argv) if !argv.is_empty() => {
@@ -325,7 +334,7 @@ fn serve(conn: &UnixStream, board: &StatusBoard, trigger: &Trigger) {
         }
         cmd if cmd.starts_with("corrupt ") => serde_json::to_string(&corrupt(board, cmd)),
         other => serde_json::to_string(&serde_json::json!({
-            "error": format!("unknown command `{other}`; the commands are status, restart, upgrade and corrupt")
+            "error": format!("unknown command `{other}`; the commands are status, restart, upgrade, reload and corrupt")
         })),
     };
     let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
@@ -389,6 +398,23 @@ fn restart(board: &StatusBoard, trigger: &Trigger, request: OperatorRequest) -> 
         state: now.state,
         restarts: now.restarts,
         recovery_ms: now.recovery_ms.last().copied(),
+        error,
+    }
+}
+
+/// Asks the run to hand its mount over to a successor; answers once it is taken (the client
+/// watches the successor's status for the outcome: this process will exec it).
+fn reload(board: &StatusBoard, trigger: &Trigger) -> RestartAnswer {
+    let before = board.snapshot();
+    let error = match before.state.as_str() {
+        "serving" => trigger(OperatorRequest::Reload).err(),
+        state => Some(format!("the driver is not serving (state: {state})")),
+    };
+    RestartAnswer {
+        ok: error.is_none(),
+        state: before.state,
+        restarts: before.restarts,
+        recovery_ms: before.recovery_ms.last().copied(),
         error,
     }
 }
@@ -608,6 +634,32 @@ mod tests {
             answer.error.as_deref(),
             Some("the driver has not mounted yet")
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_reload_is_answered_once_taken_and_only_while_serving() {
+        let dir = test_dir("reload");
+        let board = serving_board("/mnt/r");
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = asked.clone();
+        let trigger: OperatorTrigger = Box::new(move |request| {
+            seen.lock().unwrap().push(request);
+            Ok(())
+        });
+        let _socket = ControlSocket::start(&dir, board.clone(), trigger).unwrap();
+        let path = dir.join(format!("{}.sock", std::process::id()));
+
+        let answer = request_restart(&path, &OperatorRequest::Reload).unwrap();
+        assert!(answer.ok && answer.error.is_none(), "{answer:?}");
+        assert_eq!(*asked.lock().unwrap(), [OperatorRequest::Reload]);
+        board.update(|s| s.state = "recovering".into());
+        let answer = request_restart(&path, &OperatorRequest::Reload).unwrap();
+        assert_eq!(
+            answer.error.as_deref(),
+            Some("the driver is not serving (state: recovering)")
+        );
+        assert_eq!(asked.lock().unwrap().len(), 1, "not asked of the run");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

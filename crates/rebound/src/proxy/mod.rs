@@ -14,6 +14,7 @@
 //! reply per `write(2)`.
 
 mod checkpoints;
+mod handover;
 mod notifications;
 mod private;
 mod recovery;
@@ -38,6 +39,7 @@ use tracker::{
 use zerocopy::FromBytes;
 
 use crate::checkpoint::ImageCheckpoint;
+pub use handover::HandOver;
 use notifications::NotificationQueue;
 use private::PrivateCalls;
 pub use recovery::Restored;
@@ -428,19 +430,35 @@ impl Proxy {
                 }
             }
         }
+        let driver = Arc::new(driver);
+        let link = Link::Serving {
+            driver: driver.clone(),
+            generation: 0,
+        };
+        let proxy = Proxy::launch(queues, events, &options, link, |_| {})?;
+        spawn_driver_reader(&proxy.shared, driver, 0)?;
+        Ok(proxy)
+    }
+
+    /// Builds the shared state over `queues` with the driver side in `link`, `restore`
+    /// filling in what a predecessor handed over, and starts a thread per kernel queue and
+    /// the checkpointer.
+    fn launch(
+        queues: Vec<OwnedFd>,
+        events: UnixStream,
+        options: &ProxyOptions,
+        link: Link,
+        restore: impl FnOnce(&mut Shared),
+    ) -> io::Result<Proxy> {
         let gone = events.try_clone()?;
         let notifications = NotificationQueue::start(rustix::io::dup(&queues[0])?, move || {
             use std::io::Write;
             let _ = (&gone).write_all(&[ProxyEvent::KernelGone as u8]);
         })?;
         let stats = Arc::new(ProxyStats::default());
-        let driver = Arc::new(driver);
-        let shared = Arc::new(Shared {
+        let mut shared = Shared {
             queues,
-            link: RwLock::new(Link::Serving {
-                driver: driver.clone(),
-                generation: 0,
-            }),
+            link: RwLock::new(link),
             generations: AtomicU64::new(0),
             inflight: InflightTable::new(),
             objects: Mutex::new(ObjectTable::new()),
@@ -472,7 +490,9 @@ impl Proxy {
                     confirmed: Mutex::new(None),
                     affordable: AtomicBool::new(true),
                 }),
-        });
+        };
+        restore(&mut shared);
+        let shared = Arc::new(shared);
         // The threads run for as long as rebound does: they end when either side closes.
         for queue in 0..shared.queues.len() {
             let down = shared.clone();
@@ -480,7 +500,6 @@ impl Proxy {
                 .name(format!("kernel-queue-{queue}"))
                 .spawn(move || kernel_to_driver(&down, queue))?;
         }
-        spawn_driver_reader(&shared, driver, 0)?;
         if let Some(interval) = options.checkpoint_interval {
             let checkpointed = shared.clone();
             let timeout = options.checkpoint_timeout;

@@ -222,6 +222,10 @@ impl Run<'_> {
             Phase::Recovering(Step::Reaping { kill_at, .. }) => {
                 // (`kill_at` is taken when the kill is sent.)
                 self.exited_by_itself = kill_at.is_some();
+                if self.reloading {
+                    // Returns only if there is no successor to hand over to.
+                    self.hand_over();
+                }
                 self.recovery_phase_done("reap");
                 self.next_restart();
                 None

@@ -18,6 +18,7 @@ mod events;
 mod hoarding;
 mod intercept;
 mod process;
+mod reload;
 mod restart;
 mod standby;
 mod targets;
@@ -50,6 +51,7 @@ use crate::service::ServiceManager;
 use command::DriverCommand;
 use intercept::Intercepted;
 use process::Exit;
+pub use reload::Succession;
 use restart::Cause;
 
 /// Where the run is in its life.
@@ -121,6 +123,8 @@ struct Run<'a> {
     upgrade_from: Option<DriverCommand>,
     /// The failed driver's processes all exited before they had to be killed.
     exited_by_itself: bool,
+    /// The driver is being stopped for a successor rebound (`rebound reload`).
+    reloading: bool,
     board: Arc<StatusBoard>,
     phase: Phase,
     served: Option<Served>,
@@ -159,8 +163,14 @@ struct Run<'a> {
     service: ServiceManager,
 }
 
-/// Runs `argv` as a FUSE driver behind rebound until the mount ends. Returns the exit code.
-pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
+/// Runs `argv` as a FUSE driver behind rebound until the mount ends, or, with `succession`,
+/// takes over the mount a predecessor rebound handed over (`rebound reload`). Returns the
+/// exit code.
+pub fn run(
+    config: &Config,
+    argv: &[OsString],
+    succession: Option<Succession>,
+) -> anyhow::Result<i32> {
     let command = DriverCommand::new(argv.to_vec())?;
     let driver_name = command.name.clone();
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
@@ -172,8 +182,12 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
     let (commands_rx, commands_tx) = UnixStream::pair().context("creating the command channel")?;
     commands_rx.set_nonblocking(true)?;
 
-    // Before any driver has the image open: this first checkpoint is the state to go back to.
+    // Before any driver has the image open: this first checkpoint is the state to go back to
+    // (a successor takes its predecessor's, which the redo log handed over goes with).
     let image = match &config.image {
+        Some(path) if succession.is_some() => Some(Arc::new(
+            ImageCheckpoint::adopt(path).map_err(|e| anyhow::anyhow!(e))?,
+        )),
         Some(path) => Some(Arc::new(
             ImageCheckpoint::new(path).map_err(|e| anyhow::anyhow!(e))?,
         )),
@@ -219,30 +233,42 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         .ok(),
         _ => None,
     };
-    let started = start_driver(
-        config,
-        &command,
-        MountPoint::Unknown,
-        cgroup.as_ref(),
-        log_label.clone(),
-        false,
-    );
-    let Started {
-        pid,
-        listener,
-        logger,
-        hidden,
-        ..
-    } = match started {
-        Ok(started) => started,
-        Err(e) => {
+    let started = match &succession {
+        // The driver starts on the recovery path, once the proxy is taken over.
+        Some(_) => None,
+        None => Some(start_driver(
+            config,
+            &command,
+            MountPoint::Unknown,
+            cgroup.as_ref(),
+            log_label.clone(),
+            false,
+        )),
+    };
+    let (pid, listener, logger, hidden) = match started {
+        Some(Ok(started)) => {
+            tracing::info!("started driver `{driver_name}` as pid {}", started.pid);
+            let logger = Some(started.logger);
+            (started.pid, Some(started.listener), logger, started.hidden)
+        }
+        Some(Err(e)) => {
             if let Some(cgroup) = &cgroup {
                 cgroup.remove();
             }
             return Err(e);
         }
+        None => (0, None, None, Vec::new()),
     };
-    tracing::info!("started driver `{driver_name}` as pid {pid}");
+    let listener_open = listener.is_some();
+    // (No driver yet: a descriptor that never becomes readable stands in for its listener.)
+    let listener = match listener {
+        Some(listener) => listener,
+        None => rustix::fs::open(
+            "/dev/null",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?,
+    };
 
     let board = Arc::new(StatusBoard::default());
     board.update(|s| {
@@ -276,13 +302,14 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         command,
         upgrade_from: None,
         exited_by_itself: false,
+        reloading: false,
         board,
         phase: Phase::Starting {
             deadline: Instant::now() + config.mount_timeout(),
         },
         served: None,
         listener,
-        listener_open: true,
+        listener_open,
         driver_pid: pid,
         driver_exit: None,
         restarts: VecDeque::new(),
@@ -291,7 +318,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
         standby_cgroup: None,
         watch,
         log_label,
-        stderr_loggers: vec![logger],
+        stderr_loggers: logger.into_iter().collect(),
         hidden,
         standby: None,
         standby_pace: standby::StandbyPace::new(),
@@ -326,6 +353,10 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
             }
             run.standby_cgroup = standby::cgroup(config, run.cgroup.as_ref());
         }
+    }
+
+    if let Some(succession) = succession {
+        run.resume(succession)?;
     }
 
     loop {
@@ -409,6 +440,7 @@ pub fn run(config: &Config, argv: &[OsString]) -> anyhow::Result<i32> {
                         Ok(())
                     }
                     OperatorRequest::Upgrade(argv) => run.on_upgrade(argv),
+                    OperatorRequest::Reload => run.on_reload(),
                 });
             }
         }
@@ -595,17 +627,7 @@ impl Run<'_> {
                     mount.caller
                 );
                 let tx = self.events_tx.take().context("second mount")?;
-                let options = ProxyOptions {
-                    checkpoint_interval: self
-                        .config
-                        .redo_log
-                        .then(|| self.config.checkpoint_interval()),
-                    checkpoint_timeout: self.config.probe_timeout(),
-                    checkpoint_changes: self.config.checkpoint_changes as usize,
-                    image: self.image.clone(),
-                    second_opinion_cooldown: self.config.second_opinion_cooldown(),
-                };
-                let proxy = Proxy::start(mount.kernel, mount.channel, tx, options)
+                let proxy = Proxy::start(mount.kernel, mount.channel, tx, self.proxy_options())
                     .context("starting the proxy")?;
                 self.board
                     .attach(proxy.stats.clone(), Box::new(proxy.held_objects_reader()));
@@ -651,6 +673,20 @@ impl Run<'_> {
             Intercepted::Other => {}
         }
         Ok(())
+    }
+
+    /// The proxy's settings, from the config.
+    fn proxy_options(&self) -> ProxyOptions {
+        ProxyOptions {
+            checkpoint_interval: self
+                .config
+                .redo_log
+                .then(|| self.config.checkpoint_interval()),
+            checkpoint_timeout: self.config.probe_timeout(),
+            checkpoint_changes: self.config.checkpoint_changes as usize,
+            image: self.image.clone(),
+            second_opinion_cooldown: self.config.second_opinion_cooldown(),
+        }
     }
 
     /// A new driver (pid `caller` holds its end) has its channel to the mount: its state is

@@ -32,6 +32,8 @@ pub(super) enum Cause {
     Operator,
     /// `rebound upgrade`.
     Upgrade,
+    /// `rebound reload` (the driver stopped for rebound's successor).
+    Reload,
     /// A new driver failed (in any way) while being brought to the old one's state.
     DuringRestore,
 }
@@ -46,6 +48,7 @@ impl Cause {
             Cause::Hoarding => "hoarding",
             Cause::Operator => "operator",
             Cause::Upgrade => "upgrade",
+            Cause::Reload => "reload",
             Cause::DuringRestore => "during_restore",
         }
     }
@@ -110,9 +113,11 @@ impl Run<'_> {
         // A driver that still works may finish what it holds (its channel is closed now);
         // a dead, dying or hung one is killed.
         let grace = match kind {
-            Cause::RefusedReply | Cause::SecondOpinion | Cause::Operator | Cause::Upgrade => {
-                self.config.restart_grace()
-            }
+            Cause::RefusedReply
+            | Cause::SecondOpinion
+            | Cause::Operator
+            | Cause::Upgrade
+            | Cause::Reload => self.config.restart_grace(),
             Cause::Crash | Cause::Hang | Cause::Hoarding | Cause::DuringRestore => Duration::ZERO,
         };
         self.stop_driver(grace);

@@ -1,0 +1,122 @@
+//! Handing the mount over to a successor rebound (`rebound reload`): the driver drained (it
+//! is sent nothing new and answers what it holds), the proxy's state as plain data with the
+//! kernel queues kept open across `execve`, and the successor's proxy built from it.
+//!
+//! Requests read from the kernel and not answered when rebound execs are not handed over:
+//! the kernel keeps them on the processing list of the queue that read them, and the
+//! successor's `FUSE_NOTIFY_RESEND` puts them back in the queue (Linux 6.9+). Only requests no
+//! driver was sent are left so (the drain sees to it), so sending them again executes nothing
+//! twice.
+//!
+//! Owns: the hand-over's form and both of its ends. Must not: decide when to hand over (the
+//! supervisor does).
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use fuse_wire::abi::NotifyCode;
+use serde::{Deserialize, Serialize};
+use tracker::{ObjectSnapshot, ObjectTable, RedoLog, RedoSnapshot};
+
+use super::{Link, Proxy, ProxyOptions};
+
+/// What a successor's proxy needs of its predecessor's.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct HandOver {
+    /// The kernel queues, by descriptor number (open across `execve`).
+    queues: Vec<i32>,
+    objects: ObjectSnapshot,
+    /// The kernel's INIT request, replayed to every new driver.
+    init: Option<Vec<u8>>,
+    minor: u32,
+    root_attr: Option<Vec<u8>>,
+    redo: Option<RedoSnapshot>,
+    generations: u64,
+    store_changed: bool,
+}
+
+impl Proxy {
+    /// Sends the driver nothing more (requests wait, as in a recovery) and waits, at most
+    /// `timeout`, until it has answered every request it was sent; its replies still flow.
+    /// False if it was not serving, or still holds requests at the deadline.
+    pub fn drain(&self, timeout: Duration) -> bool {
+        {
+            let mut link = self.shared.link.write().unwrap_or_else(|e| e.into_inner());
+            let Link::Serving { driver, generation } = &*link else {
+                return false;
+            };
+            let attached = Some((driver.clone(), *generation));
+            *link = Link::Recovering { attached };
+        }
+        let deadline = Instant::now() + timeout;
+        while self.shared.inflight.oldest_sent().is_some() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
+    }
+
+    /// The proxy's state, and its kernel queues kept open across `execve`.
+    pub fn hand_over(&self) -> io::Result<HandOver> {
+        let shared = &self.shared;
+        let queues: Vec<_> = shared.queues.iter().map(|q| q.as_fd()).collect();
+        rebound_sys::fuse_dev::keep_across_exec(&queues)?;
+        let locked = |m: &std::sync::Mutex<Option<Vec<u8>>>| {
+            m.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        };
+        Ok(HandOver {
+            queues: shared.queues.iter().map(|q| q.as_raw_fd()).collect(),
+            objects: shared.objects().snapshot(),
+            init: locked(&shared.init),
+            minor: shared.minor(),
+            root_attr: locked(&shared.root_attr),
+            redo: shared
+                .redo
+                .as_ref()
+                .map(|r| r.lock().unwrap_or_else(|e| e.into_inner()).snapshot()),
+            generations: shared.generations.load(Ordering::Relaxed),
+            store_changed: shared.store_changed.load(Ordering::Relaxed),
+        })
+    }
+
+    /// The successor's proxy: over the inherited kernel queues, with the predecessor's
+    /// state, waiting for a driver (requests park until one is restored, as after a
+    /// failure). The kernel is asked to send again what the predecessor had read.
+    pub fn resume(state: HandOver, events: UnixStream, options: ProxyOptions) -> io::Result<Proxy> {
+        let queues = state
+            .queues
+            .iter()
+            .map(|&fd| rebound_sys::fuse_dev::inherited(fd))
+            .collect::<io::Result<Vec<_>>>()?;
+        if queues.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "no kernel queue",
+            ));
+        }
+        let link = Link::Recovering { attached: None };
+        let proxy = Proxy::launch(queues, events, &options, link, |shared| {
+            shared.objects = ObjectTable::from_snapshot(state.objects).into();
+            shared.init = state.init.into();
+            shared.minor = state.minor.into();
+            shared.root_attr = state.root_attr.into();
+            if let (Some(redo), Some(snapshot)) = (&mut shared.redo, state.redo) {
+                *redo = RedoLog::from_snapshot(snapshot).into();
+            }
+            shared.generations = state.generations.into();
+            shared.store_changed = state.store_changed.into();
+        })?;
+        proxy.driver_failed();
+        // FUSE_NOTIFY_RESEND: a bare header, `unique` 0, the code in `error`.
+        let mut resend = [0u8; 16];
+        resend[..4].copy_from_slice(&16u32.to_ne_bytes());
+        resend[4..8].copy_from_slice(&(NotifyCode::Resend as i32).to_ne_bytes());
+        rustix::io::write(&proxy.shared.queues[0], &resend)?;
+        Ok(proxy)
+    }
+}
