@@ -120,7 +120,7 @@ def test_a_restart_runs_the_program_it_started_with_until_an_upgrade(running, wo
     status = wait_status(r.mnt, chaos.recovered_from(status["driver_pid"], 0),
                          chaos.RECOVER_TIMEOUT)
     assert status is not None, r.stderr()
-    assert exe(status["driver_pid"]) == f"{program} (deleted)", status
+    assert exe(status["driver_pid"]).endswith(" (deleted)"), status  # the replaced file's
     assert (r.mnt / "f").read_bytes() == b"kept"
 
     # `rebound upgrade` takes the file at the path: this one fails before it serves, so the
@@ -130,7 +130,7 @@ def test_a_restart_runs_the_program_it_started_with_until_an_upgrade(running, wo
         in out, f"{out}\n{r.stderr()}"
     status = wait_status(r.mnt, serving, chaos.RECOVER_TIMEOUT)
     assert status["upgrades"] == 0 and status["failures_by_cause"].get("during_restore"), status
-    assert exe(status["driver_pid"]) == f"{program} (deleted)", status
+    assert exe(status["driver_pid"]).endswith(" (deleted)"), status  # the replaced file's
     assert (r.mnt / "f").read_bytes() == b"kept"
 
     # A working program at the path: the upgrade takes it.
@@ -236,10 +236,9 @@ def test_a_scrape_of_the_metrics_matches_the_status(running, workdir):
     samples, after = scraped
     mp = str(r.mnt)
     assert total(samples, "rebound_requests_total", mountpoint=mp) == after["requests"] > 20
-    assert total(samples, "rebound_requests_total", opcode="write") >= 20
-    # Every request that has a reply was answered, and timed.
-    timed = total(samples, "rebound_request_duration_seconds_count", mountpoint=mp)
-    assert 0 < timed <= after["requests"]
+    # Each WRITE (all made before the kill) was answered once, and timed.
+    assert total(samples, "rebound_request_duration_seconds_count", opcode="write") == \
+        total(samples, "rebound_requests_total", opcode="write") == 20
     assert total(samples, "rebound_restarts_total", mountpoint=mp) == after["restarts"] == 1
     for cause, count in after["failures_by_cause"].items():
         assert total(samples, "rebound_driver_failures_total", cause=cause) == count, cause

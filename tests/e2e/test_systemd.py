@@ -46,8 +46,9 @@ cp "$REBOUND" /usr/local/bin/rebound
 cp "$UNIT" /etc/systemd/system/
 mkdir /etc/systemd/system/rebound@.service.d
 printf '[Service]\\nWatchdogSec=%s\\n' "$WATCHDOG" > /etc/systemd/system/rebound@.service.d/test.conf
-printf 'DRIVER="%s"\\n' "$DRIVER" > "/etc/rebound/$INSTANCE.env"
-printf 'restart_backoff_ms = 0\\n' > "/etc/rebound/$INSTANCE.toml"
+mkdir -p "$(dirname "/etc/rebound/$CONF")"
+printf 'DRIVER="%s"\\n' "$DRIVER" > "/etc/rebound/$CONF.env"
+printf 'restart_backoff_ms = 0\\n' > "/etc/rebound/$CONF.toml"
 printf '[Unit]\\nWants=rebound@%s.service\\n' "$INSTANCE" > /etc/systemd/system/rebound-test.target
 export container=rebound-test
 exec "$SYSTEMD" --system --unit=rebound-test.target
@@ -62,7 +63,8 @@ class Container:
         self.unit = f"rebound@{self.instance}.service"
         env = dict(os.environ, REBOUND=str(rebound), SYSTEMD=str(SYSTEMD),
                    UNIT=str(rebound.parent / "rebound@.service"),
-                   DRIVER=" ".join(driver), INSTANCE=self.instance, WATCHDOG=str(WATCHDOG_S))
+                   DRIVER=" ".join(driver), INSTANCE=self.instance, WATCHDOG=str(WATCHDOG_S),
+                   CONF=str(mnt).lstrip("/"))
         self.log = open(WORK / "container.log", "wb")
         self.proc = subprocess.Popen(
             ["unshare", "--pid", "--fork", "--mount", "--propagation", "private", "--uts",
@@ -83,7 +85,9 @@ class Container:
         return done.stdout
 
     def show(self, prop):
-        return self.run("systemctl", "show", "-p", prop, "--value", self.unit).strip()
+        """A property of the unit ("" while systemd does not answer yet)."""
+        return self.run("systemctl", "show", "-p", prop, "--value", self.unit,
+                        check=False).strip()
 
     def wait(self, cond, timeout, what):
         assert mounts.wait_for(cond, timeout, interval=0.2), \

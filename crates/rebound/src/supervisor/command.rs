@@ -14,8 +14,9 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::Context;
@@ -30,8 +31,9 @@ pub struct DriverCommand {
     pub name: String,
     /// What its sandbox shows of its program (see `sandbox::program`).
     pub program: Vec<Part>,
-    /// The executable, open since the run's start; `None` for a script.
-    executable: Option<File>,
+    /// The executable, open since the run's start, and where it was found; `None` for a
+    /// script.
+    executable: Option<(File, PathBuf)>,
 }
 
 impl DriverCommand {
@@ -53,18 +55,30 @@ impl DriverCommand {
             argv,
             name,
             program,
-            executable: elf.then_some(file),
+            executable: elf.then_some((file, found)),
         })
     }
 
-    /// A `Command` that runs the driver: its held executable with its own argv[0], or a
-    /// script by its path. (The descriptor is close-on-exec; `execve` resolves
-    /// `/proc/self/fd/N` before it closes it, as `fexecve` does.)
+    /// A `Command` that runs the driver: by its path while the file there is still the one
+    /// held open (its process then has its usual name), else the held executable through
+    /// `/proc/self/fd/N` with its own argv[0] (its process is then named `N`), or a script by
+    /// its path. (The descriptor is close-on-exec; `execve` resolves `/proc/self/fd/N` before
+    /// it closes it, as `fexecve` does.)
     pub fn command(&self) -> Command {
         let (program, args) = self.argv.split_first().expect("checked in new");
         let mut command = match &self.executable {
-            Some(file) => {
+            Some((file, path)) if !same_file(file, path) => {
+                tracing::warn!(
+                    "{} was replaced or removed since the run started: the driver runs the \
+                     program it started with (`rebound upgrade` takes the new one)",
+                    path.display()
+                );
                 let mut command = Command::new(format!("/proc/self/fd/{}", file.as_raw_fd()));
+                command.arg0(program);
+                command
+            }
+            Some((_, path)) => {
+                let mut command = Command::new(path);
                 command.arg0(program);
                 command
             }
@@ -89,6 +103,14 @@ impl DriverCommand {
     }
 }
 
+/// Whether `path` still names the file `file` has open.
+fn same_file(file: &File, path: &Path) -> bool {
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(held), Ok(now)) => (held.dev(), held.ino()) == (now.dev(), now.ino()),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,16 +124,26 @@ mod tests {
     }
 
     #[test]
-    fn an_elf_driver_runs_from_its_open_file_with_its_own_name() {
-        let command = DriverCommand::new(vec!["true".into(), "x".into()]).expect("true exists");
+    fn an_elf_driver_runs_by_its_path_until_the_file_there_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("rebound-command-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let copy = dir.join("true");
+        let system_true = DriverCommand::new(vec!["true".into()]).unwrap();
+        let (_, found) = system_true.executable.as_ref().unwrap();
+        std::fs::copy(found, &copy).unwrap();
+        let command = DriverCommand::new(vec![copy.clone().into(), "x".into()]).unwrap();
+        assert_eq!(command.command().get_program(), copy.as_os_str());
+        // Replaced as a package manager does: a new file renamed over it.
+        std::fs::copy(found, dir.join("new")).unwrap();
+        std::fs::rename(dir.join("new"), &copy).unwrap();
         let program = command
             .command()
             .get_program()
             .to_string_lossy()
             .into_owned();
         assert!(program.starts_with("/proc/self/fd/"), "{program}");
-        let status = command.command().status().expect("runs");
-        assert!(status.success());
+        assert!(command.command().status().expect("runs").success());
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
