@@ -232,29 +232,63 @@ pub fn is_mount_helper(pid: i32) -> bool {
 /// socket with inode `inode`). A driver's forks hold it too: lxcfs reads containers' figures
 /// in short-lived children, a helper (`fusermount3`) holds it while it hands it over, and a
 /// daemonizing driver holds it in parent and child for a moment. The serving one is the
+/// deepest with a thread waiting to read the channel; when none waits (all busy), the
 /// deepest that leads its session (rebound starts each driver in a session of its own, and a
 /// daemon calls `setsid`), else the shallowest.
 pub fn holder_of_socket(inode: u64) -> Option<i32> {
     let needle = format!("socket:[{inode}]");
-    let holders: Vec<i32> = descendants()
+    let holders: Vec<(i32, Vec<u64>)> = descendants()
         .into_iter()
         .filter(|&pid| !is_mount_helper(pid))
-        .filter(|pid| {
-            std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .filter_map(|pid| {
+            let fds: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
                 .into_iter()
                 .flatten()
                 .flatten()
-                .any(|fd| {
+                .filter(|fd| {
                     std::fs::read_link(fd.path())
                         .is_ok_and(|target| target.as_os_str() == needle.as_str())
                 })
+                .filter_map(|fd| fd.file_name().to_str()?.parse().ok())
+                .collect();
+            (!fds.is_empty()).then_some((pid, fds))
         })
         .collect();
-    let leads_session = |&&pid: &&i32| stat_field(&format!("/proc/{pid}/stat"), 3) == Some(pid);
-    holders
+    let leads_session = |pid: i32| stat_field(&format!("/proc/{pid}/stat"), 3) == Some(pid);
+    let reading = holders
         .iter()
         .rev()
-        .find(leads_session)
+        .find(|(pid, fds)| reads_one_of(*pid, fds));
+    let leader = || holders.iter().rev().find(|(pid, _)| leads_session(*pid));
+    reading
+        .or_else(leader)
         .or(holders.first())
-        .copied()
+        .map(|(pid, _)| *pid)
+}
+
+/// Whether a thread of `pid` waits in a read of one of the descriptors `fds`
+/// (`/proc/PID/task/TID/syscall`: the call's number and its first argument).
+fn reads_one_of(pid: i32, fds: &[u64]) -> bool {
+    const READS: [i64; 5] = [
+        libc::SYS_read,
+        libc::SYS_readv,
+        libc::SYS_recvfrom,
+        libc::SYS_recvmsg,
+        libc::SYS_recvmmsg,
+    ];
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|task| {
+            let Ok(call) = std::fs::read_to_string(task.path().join("syscall")) else {
+                return false;
+            };
+            let mut words = call.split_whitespace();
+            let number = words.next().and_then(|n| n.parse::<i64>().ok());
+            let fd = words
+                .next()
+                .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok());
+            matches!((number, fd), (Some(n), Some(fd)) if READS.contains(&n) && fds.contains(&fd))
+        })
 }
