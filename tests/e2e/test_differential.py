@@ -112,9 +112,26 @@ def run_as_root_and_user(mount, driver, mode, entries=fsops.READDIR_ENTRIES, **k
     return as_root, as_user
 
 
+# fsops steps whose outcome a driver's own direct mount does not keep steady, with what was
+# measured; they are left out of the comparison for that driver.
+UNSTEADY_STEPS = {
+    # Its direct mount reported inconsistent statvfs figures (free inodes above inodes, or
+    # free blocks above blocks: `sane=False`) once in three all-drivers runs (2026-11-25, at
+    # fe9573c), while the rebound mount's were consistent; the other two runs agreed.
+    "ntfs-3g": {"statvfs"},
+}
+
+
 def assert_same(driver, direct, rebound):
-    """direct and rebound, each (as root, as a user), are the same."""
+    """direct and rebound, each (as root, as a user), are the same (but for the steps the
+    driver's own direct mount does not keep steady)."""
+    unsteady = UNSTEADY_STEPS.get(driver, set())
+
+    def steady(results):
+        return [(step, outcome) for step, outcome in results if step not in unsteady]
+
     for who, d, r in zip(("root", f"uid {fsops.UNPRIVILEGED}"), direct, rebound):
+        d, r = steady(d), steady(r)
         assert r == d, f"\nas {who}:\n" + diff(d, r, f"{driver} direct", f"{driver} rebound")
 
 
