@@ -59,6 +59,25 @@ def install_copy(src, dst):
     os.replace(tmp, dst)
 
 
+def while_checked(m, seed, times, act):
+    """act(i) `times` times, spread over the model workload (one file rewritten at random
+    and every byte read back checked against its model) on m: (act's answers, the
+    workload's result)."""
+    s = workloads.scale()
+    outcome = {}
+    worker = threading.Thread(target=lambda: outcome.update(
+        result=workloads.model(m.mnt, seed, s.model_seconds, s.model_size)))
+    worker.start()
+    answers = []
+    try:
+        for i in range(times):
+            mounts.wait_for(lambda: not worker.is_alive(), s.model_seconds / (times + 1))
+            answers.append(act(i))
+    finally:
+        worker.join(s.model_seconds + 120)
+    return answers, outcome["result"]
+
+
 def passthrough(program, work):
     src = work / "src"
     src.mkdir(exist_ok=True)
@@ -150,21 +169,9 @@ def test_upgrades_under_a_verifying_workload_cost_no_error(mount, driver):
     with mount(driver, "rebound", config=DRIVER_CONFIG[driver],
                reflink=driver == "fuse2fs") as m:
         wait_serving(m)
-        s = workloads.scale()
-        outcome = {}
-        worker = threading.Thread(target=lambda: outcome.update(
-            result=workloads.model(m.mnt, 7, s.model_seconds, s.model_size)))
-        worker.start()
-        answers = []
-        try:
-            for _ in range(3):
-                mounts.wait_for(lambda: not worker.is_alive(), s.model_seconds / 4)
-                answers.append(upgrade(m.mnt))
-        finally:
-            worker.join(s.model_seconds + 120)
+        answers, result = while_checked(m, 7, 3, lambda _: upgrade(m.mnt))
         for rc, out in answers:
             assert rc == 0, explain(m, out)
-        result = outcome["result"]
         assert result.ok, explain(m, result.summary())
         status = mount_status(m.mnt)
         assert status["upgrades"] == 3 and status["failures_by_cause"] == {"upgrade": 3}, status
@@ -479,24 +486,16 @@ def test_rebound_reloads_itself_under_a_verifying_workload(mount, driver, workdi
     with mount(driver, "rebound", config=DRIVER_CONFIG.get(driver, ""),
                reflink=driver == "fuse2fs", rebound=installed) as m:
         first = wait_serving(m)
-        s = workloads.scale()
-        outcome = {}
-        worker = threading.Thread(target=lambda: outcome.update(
-            result=workloads.model(m.mnt, 11, s.model_seconds, s.model_size)))
-        worker.start()
-        answers = []
-        try:
-            for i in range(5):
-                if i == 2:
-                    install_copy(mounts.rebound_bin(), installed)
-                mounts.wait_for(lambda: not worker.is_alive(), s.model_seconds / 6)
-                rc, out, err, _ = mounts.run_rebound(["reload", str(m.mnt)], timeout=180)
-                answers.append((rc, out + err, mounts.is_fuse_mounted(m.mnt)))
-        finally:
-            worker.join(s.model_seconds + 120)
+
+        def reload(i):
+            if i == 2:
+                install_copy(mounts.rebound_bin(), installed)
+            rc, out, err, _ = mounts.run_rebound(["reload", str(m.mnt)], timeout=180)
+            return rc, out + err, mounts.is_fuse_mounted(m.mnt)
+
+        answers, result = while_checked(m, 11, 5, reload)
         for rc, out, mounted in answers:
             assert rc == 0 and "reloaded rebound" in out and mounted, explain(m, out)
-        result = outcome["result"]
         assert result.ok, explain(m, result.summary())
         status = mount_status(m.mnt)
         assert status["reloads"] == 5 and status["rebound_pid"] == first["rebound_pid"], status
