@@ -40,6 +40,11 @@ entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
 UNSTEADY = {
     # Run alone 12 times on a direct mount: 4 FAILED, 8 ok (2026-11-25).
     "rclone": {"rename::preserve_metadata_dir"},
+    # Both outcomes on each mount, across runs: FAILED once on the direct mount (CI,
+    # 2026-11-25), FAILED 2 of 4 under rebound with the direct mount ok 4 of 4 (a fresh-clone
+    # run at 839d447); ok in 4 other full runs. Not explained: whether sshfs's own caching or
+    # rebound makes a write open of a running file succeed is open.
+    "sshfs": {"open::etxtbsy"},
 }
 # How many more times a test whose outcomes differ is run alone on each mount.
 RERUNS = 3
