@@ -32,11 +32,17 @@ pub fn clone_connection(master: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     Ok(clone)
 }
 
-/// Keeps `/dev/fuse` descriptors across `execve` (a successor rebound takes the mount over):
-/// clears their close-on-exec flag.
-pub fn keep_across_exec(fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+/// Keeps `/dev/fuse` descriptors across `execve` (a successor rebound takes the mount over:
+/// their close-on-exec flag cleared), or, with `keep` false, no longer (set again, should the
+/// exec fail: no driver rebound starts later may inherit them).
+pub fn keep_across_exec(fds: &[BorrowedFd<'_>], keep: bool) -> io::Result<()> {
+    let flags = if keep {
+        rustix::io::FdFlags::empty()
+    } else {
+        rustix::io::FdFlags::CLOEXEC
+    };
     for fd in fds {
-        rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
+        rustix::io::fcntl_setfd(fd, flags)?;
     }
     Ok(())
 }

@@ -61,15 +61,19 @@ impl Proxy {
         true
     }
 
-    /// The proxy's state, and its kernel queues kept open across `execve`.
-    pub fn hand_over(&self) -> io::Result<HandOver> {
+    /// Keeps the kernel queues open across `execve`, or (`keep` false) no longer.
+    pub fn keep_queues_across_exec(&self, keep: bool) -> io::Result<()> {
+        let queues: Vec<_> = self.shared.queues.iter().map(|q| q.as_fd()).collect();
+        rebound_sys::fuse_dev::keep_across_exec(&queues, keep)
+    }
+
+    /// The proxy's state, for a successor (see [`Proxy::keep_queues_across_exec`]).
+    pub fn hand_over(&self) -> HandOver {
         let shared = &self.shared;
-        let queues: Vec<_> = shared.queues.iter().map(|q| q.as_fd()).collect();
-        rebound_sys::fuse_dev::keep_across_exec(&queues)?;
         let locked = |m: &std::sync::Mutex<Option<Vec<u8>>>| {
             m.lock().unwrap_or_else(|e| e.into_inner()).clone()
         };
-        Ok(HandOver {
+        HandOver {
             queues: shared.queues.iter().map(|q| q.as_raw_fd()).collect(),
             objects: shared.objects().snapshot(),
             init: locked(&shared.init),
@@ -81,7 +85,7 @@ impl Proxy {
                 .map(|r| r.lock().unwrap_or_else(|e| e.into_inner()).snapshot()),
             generations: shared.generations.load(Ordering::Relaxed),
             store_changed: shared.store_changed.load(Ordering::Relaxed),
-        })
+        }
     }
 
     /// The successor's proxy: over the inherited kernel queues, with the predecessor's

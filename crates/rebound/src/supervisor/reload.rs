@@ -123,7 +123,7 @@ impl Run<'_> {
             mountpoint: s.mountpoint.clone(),
             mounted_by_helper: s.mounted_by_helper,
             status: self.board.snapshot(),
-            proxy: s.proxy.hand_over().context("handing the proxy over")?,
+            proxy: s.proxy.hand_over(),
         };
         let path = control::run_dir().join(format!("{}.handover", std::process::id()));
         std::fs::write(&path, serde_json::to_vec(&succession)?)
@@ -144,11 +144,16 @@ impl Run<'_> {
             s.mountpoint.display(),
             exe.display()
         );
+        s.proxy
+            .keep_queues_across_exec(true)
+            .context("keeping the kernel queues across exec")?;
         let e = std::process::Command::new(&exe)
             .arg("run")
             .arg("--resume")
             .arg(&path)
             .exec();
+        // Still here: no successor. No driver started from now on may inherit the queues.
+        let _ = s.proxy.keep_queues_across_exec(false);
         let _ = std::fs::remove_file(&path);
         Err(e).with_context(|| format!("exec {}", exe.display()))
     }
