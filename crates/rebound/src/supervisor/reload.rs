@@ -128,10 +128,8 @@ impl Run<'_> {
         let path = control::run_dir().join(format!("{}.handover", std::process::id()));
         std::fs::write(&path, serde_json::to_vec(&succession)?)
             .with_context(|| format!("writing {}", path.display()))?;
-        // The successor makes them anew (same names: same pid).
-        for cgroup in [&self.cgroup, &self.standby_cgroup].into_iter().flatten() {
-            cgroup.remove();
-        }
+        // (The cgroups stay: the successor, with the same pid, takes the same ones over, with
+        // the limits of the config it reads again; should the exec fail, this run keeps them.)
         let exe = std::env::current_exe().context("finding rebound's binary")?;
         // Replaced by a package upgrade, the old file shows as deleted: the path has the new.
         let exe = PathBuf::from(
