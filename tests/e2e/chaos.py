@@ -52,7 +52,11 @@ def wait_status(mnt, cond, timeout):
 
 
 def serving(status):
-    return status.get("state") == "serving" and bool(status.get("driver_pid"))
+    """The driver answered INIT and its serving process is named (rebound waits, briefly, for
+    a process of the driver to read the channel before it says ready: a daemonizing driver's
+    parent holds the channel until it exits)."""
+    return (status.get("state") == "serving" and bool(status.get("ready"))
+            and bool(status.get("driver_pid")))
 
 
 def recovered_from(pid, restarts):

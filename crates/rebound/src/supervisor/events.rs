@@ -5,14 +5,91 @@
 //! Owns: turning those into failures, phases and status. Must not: restart anything itself
 //! (`restart` does).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::process::{self, Exit};
 use super::restart::Cause;
 use super::{log_stats, unmount, Phase, Run, Step};
 use crate::proxy::ProxyEvent;
 
+/// How long the status waits for a process of a driver that answered INIT to read its
+/// channel before it names the likeliest one anyway.
+const SETTLE: Duration = Duration::from_millis(500);
+
+/// What the status is to say once the driver's serving process is known.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Announcement {
+    /// The first driver answered INIT.
+    Ready,
+    /// A successor was restored (and whether it was an upgrade's new driver).
+    Recovered { upgraded: bool },
+}
+
+/// An announcement waiting for its serving process, until `until`.
+#[derive(Debug)]
+pub(super) struct PendingAnnouncement {
+    what: Announcement,
+    until: Instant,
+}
+
 impl Run<'_> {
+    /// Puts `what` on the board (and tells the service manager) once a process of the driver
+    /// reads the channel, or after SETTLE. A daemonizing driver (gocryptfs) answers INIT
+    /// from its child while its parent, which rebound started and which leads the session,
+    /// still holds the channel: named then, the status would name a process about to exit.
+    fn announce(&mut self, what: Announcement) {
+        if let Some(earlier) = self.announcing.take() {
+            self.publish(earlier.what, None);
+        }
+        self.announcing = Some(PendingAnnouncement {
+            what,
+            until: Instant::now() + SETTLE,
+        });
+        self.settle_announcement();
+    }
+
+    /// Publishes the pending announcement if its serving process is known, its time is up,
+    /// or the driver no longer serves.
+    pub(super) fn settle_announcement(&mut self) {
+        let (Some(pending), Some(s)) = (&self.announcing, &self.served) else {
+            return;
+        };
+        let holder = process::holder_of_socket(s.channel_inode);
+        let serving = matches!(self.phase, Phase::Serving);
+        if serving && Instant::now() < pending.until && !holder.is_some_and(|h| h.reading) {
+            return;
+        }
+        let what = pending.what;
+        self.announcing = None;
+        self.publish(what, holder.filter(|_| serving).map(|h| h.pid));
+    }
+
+    /// While an announcement waits: how soon to look again.
+    pub(super) fn announcement_due(&self) -> Option<Duration> {
+        self.announcing.as_ref().map(|_| Duration::from_millis(5))
+    }
+
+    fn publish(&mut self, what: Announcement, serving: Option<i32>) {
+        self.board.update(|b| {
+            match what {
+                Announcement::Ready => b.ready = true,
+                Announcement::Recovered { upgraded } => {
+                    // (A driver that failed meanwhile is "recovering" again.)
+                    if matches!(self.phase, Phase::Serving) {
+                        b.state = "serving".into();
+                    }
+                    b.restarts += 1;
+                    b.upgrades += u64::from(upgraded);
+                }
+            }
+            if serving.is_some() {
+                b.driver_pid = serving;
+            }
+        });
+        let status = self.board.snapshot();
+        self.service.serving(&status.mountpoint, status.restarts);
+    }
+
     pub(super) fn on_proxy_event(&mut self, event: ProxyEvent) {
         if matches!(event, ProxyEvent::DriverGone) && self.unmount_follows_close() {
             return;
@@ -66,33 +143,16 @@ impl Run<'_> {
                     restored.resent,
                     restored.restore_ms
                 );
-                let serving = process::holder_of_socket(s.channel_inode);
                 let upgraded = self.upgrade_served();
-                self.board.update(|b| {
-                    b.state = "serving".into();
-                    b.restarts += 1;
-                    b.upgrades += u64::from(upgraded);
-                    if serving.is_some() {
-                        b.driver_pid = serving;
-                    }
-                });
                 self.phase = Phase::Serving;
-                let status = self.board.snapshot();
-                self.service.serving(&status.mountpoint, status.restarts);
+                self.announce(Announcement::Recovered { upgraded });
                 // The next failure's successor, started now rather than at the next tick:
                 // failures can come faster than ticks.
                 self.keep_standby(Instant::now());
             }
             ProxyEvent::Initialized => {
-                // A daemonizing driver's child answers INIT; its parent may still be waiting
-                // to be reaped, and the status must not name it meanwhile.
                 if matches!(self.phase, Phase::Serving) {
-                    self.board.update(|b| b.ready = true);
-                    let status = self.board.snapshot();
-                    self.service.serving(&status.mountpoint, status.restarts);
-                    if let Some(serving) = process::holder_of_socket(s.channel_inode) {
-                        self.board.update(|b| b.driver_pid = Some(serving));
-                    }
+                    self.announce(Announcement::Ready);
                 }
             }
             ProxyEvent::RecoveryMeasured => {
@@ -148,8 +208,8 @@ impl Run<'_> {
                 (&self.phase, &self.served)
             {
                 if let Some(daemon) = process::holder_of_socket(s.channel_inode) {
-                    tracing::info!("driver daemonized; pid {daemon} serves the mount");
-                    self.board.update(|s| s.driver_pid = Some(daemon));
+                    tracing::info!("driver daemonized; pid {} serves the mount", daemon.pid);
+                    self.board.update(|s| s.driver_pid = Some(daemon.pid));
                 }
             }
         }

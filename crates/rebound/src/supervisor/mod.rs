@@ -128,6 +128,8 @@ struct Run<'a> {
     board: Arc<StatusBoard>,
     phase: Phase,
     served: Option<Served>,
+    /// What the status is to say once the driver's serving process is known.
+    announcing: Option<events::PendingAnnouncement>,
     /// The seccomp listener of the current driver's processes.
     listener: OwnedFd,
     listener_open: bool,
@@ -308,6 +310,7 @@ pub fn run(
             deadline: Instant::now() + config.mount_timeout(),
         },
         served: None,
+        announcing: None,
         listener,
         listener_open,
         driver_pid: pid,
@@ -362,6 +365,9 @@ pub fn run(
     loop {
         run.service.loop_turned();
         let timeout = run.poll_timeout();
+        let timeout = run
+            .announcement_due()
+            .map_or(timeout, |due| due.min(timeout));
         let (listener, standby, terminate_ready, child_ready, event_ready, command) = {
             let mut fds = vec![
                 PollFd::new(&terminate.reader, PollFlags::IN),
@@ -463,6 +469,7 @@ pub fn run(
             return Ok(code);
         }
         run.on_tick()?;
+        run.settle_announcement();
     }
 }
 

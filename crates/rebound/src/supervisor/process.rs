@@ -235,7 +235,7 @@ pub fn is_mount_helper(pid: i32) -> bool {
 /// deepest with a thread waiting to read the channel; when none waits (all busy), the
 /// deepest that leads its session (rebound starts each driver in a session of its own, and a
 /// daemon calls `setsid`), else the shallowest.
-pub fn holder_of_socket(inode: u64) -> Option<i32> {
+pub fn holder_of_socket(inode: u64) -> Option<ChannelHolder> {
     let needle = format!("socket:[{inode}]");
     let holders: Vec<(i32, Vec<u64>)> = descendants()
         .into_iter()
@@ -260,10 +260,20 @@ pub fn holder_of_socket(inode: u64) -> Option<i32> {
         .rev()
         .find(|(pid, fds)| reads_one_of(*pid, fds));
     let leader = || holders.iter().rev().find(|(pid, _)| leads_session(*pid));
+    let holder =
+        |reading: bool| move |(pid, _): &(i32, Vec<u64>)| ChannelHolder { pid: *pid, reading };
     reading
-        .or_else(leader)
-        .or(holders.first())
-        .map(|(pid, _)| *pid)
+        .map(holder(true))
+        .or_else(|| leader().or(holders.first()).map(holder(false)))
+}
+
+/// The process `holder_of_socket` names, and whether it was seen waiting to read the channel
+/// (else it was a guess: a daemonizing driver's parent, say, which leads its session until it
+/// exits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelHolder {
+    pub pid: i32,
+    pub reading: bool,
 }
 
 /// Whether a thread of `pid` waits in a read of one of the descriptors `fds`

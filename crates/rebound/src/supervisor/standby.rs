@@ -309,6 +309,7 @@ impl Run<'_> {
         }
         let theirs = self.standby_cgroup.as_ref().map(DriverCgroup::processes);
         let Some(daemon) = process::holder_of_socket(channel_inode)
+            .map(|holder| holder.pid)
             .filter(|pid| theirs.as_ref().is_some_and(|t| t.contains(pid)))
         else {
             return false;
