@@ -8,6 +8,8 @@ set -euo pipefail
 
 packages=(fuse3 libfuse3-dev fuse2fs e2fsprogs xfsprogs sshfs openssh-server openssh-client attr fio
           gcc make pkg-config python3 python3-pytest golang-go
+          # clang compiles rebound-observe's BPF program (crates/observe/build.rs).
+          clang
           # The packaged drivers tests/e2e/test_drivers.py proves (and what makes their stores).
           bindfs fuse-overlayfs unionfs-fuse mergerfs gocryptfs securefs ntfs-3g squashfuse
           squashfs-tools archivemount encfs rclone lxcfs

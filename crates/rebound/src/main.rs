@@ -11,6 +11,7 @@ mod inject;
 mod logging;
 mod metrics;
 mod mount_helper;
+mod observe;
 mod paths;
 mod proxy;
 mod sandbox;
@@ -88,6 +89,17 @@ enum Verb {
         /// The mount point, as served by a `rebound run`.
         mountpoint: PathBuf,
     },
+    /// Print the requests of a FUSE mount as they end (names, node ids, outcomes) and the
+    /// forgets its driver reads, seen from beside the path (BPF): `rebound observe /mnt/disk`.
+    /// Any FUSE mount, served by rebound or not. READ/READDIRPLUS replies and WRITE data are
+    /// not carried.
+    Observe {
+        /// The FUSE mount point.
+        mountpoint: PathBuf,
+        /// Stop after this many seconds (default: until interrupted).
+        #[arg(long, value_name = "N")]
+        seconds: Option<u64>,
+    },
     /// Inject faults into a live driver (Nooks' fault types, and more):
     /// `rebound inject --mount /mnt/disk --fault pointer --count 5 --seed 7`.
     Inject(inject::InjectArgs),
@@ -144,6 +156,16 @@ fn main() -> ExitCode {
     logging::init(default_level, &fields);
 
     match cli.command {
+        Verb::Observe {
+            mountpoint,
+            seconds,
+        } => match observe::run(&mountpoint, seconds) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("rebound: observe: {e:#}");
+                ExitCode::from(1)
+            }
+        },
         Verb::Inject(args) => match inject::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -1,0 +1,287 @@
+//! Sees one FUSE connection's requests and replies from beside the path: a BPF program on the
+//! kernel's `fuse_request_end` tracepoint copies each request's header and arguments as the
+//! wire carries them (and each FORGET a driver reads), into a ring buffer drained in batches.
+//! This is how rebound will keep its object tracker current while a driver serves the kernel's
+//! queue itself (the fast path, `docs/design.md`); `rebound observe` shows it on any mount.
+//!
+//! Owns: loading and attaching the program (`bpf/observe.bpf.c`), the facts it needs from the
+//! running kernel (the connection's device number, where forgets are freed), and turning ring
+//! records into [`Event`]s. Must not: interpret requests (fuse-wire and the tracker do), or
+//! block: [`Observer::drain`] returns what is there.
+
+use std::path::Path;
+
+use aya::maps::{MapData, RingBuf};
+use aya::programs::BtfTracePoint;
+use aya::{Btf, Ebpf, EbpfLoader};
+
+/// The program, compiled by `build.rs`.
+static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observe.bpf.o"));
+
+/// Sizes of a ring record (`struct event` in the program).
+const HEAD: usize = 32;
+const REQUEST_MAX: usize = 1024;
+const REPLY_MAX: usize = 512;
+const RECORD: usize = HEAD + REQUEST_MAX + REPLY_MAX;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ObserveError {
+    #[error("{0} is not a FUSE mount point")]
+    NotFuse(String),
+    #[error("reading {0}: {1}")]
+    Read(&'static str, std::io::Error),
+    #[error("fuse_dev_do_read is not in /proc/kallsyms: forgets cannot be seen on this kernel")]
+    NoForgetSite,
+    #[error("loading the observer's BPF program: {0}")]
+    Load(String),
+    #[error("attaching to the {0} tracepoint: {1}")]
+    Attach(&'static str, String),
+}
+
+/// What the observer saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A request that ended: its bytes as the driver read them (the header's `len` is set to
+    /// what is carried) and the reply's (header and arguments); `cut` when an argument was
+    /// longer than carried or in pages (READ and READDIRPLUS replies, WRITE data).
+    Request {
+        request: Vec<u8>,
+        reply: Vec<u8>,
+        cut: bool,
+    },
+    /// A driver read a FORGET of `count` lookups of `node`. Its connection is not known:
+    /// forgets of every FUSE connection are seen.
+    Forget { node: u64, count: u64 },
+}
+
+/// The observer of one connection, attached until dropped.
+pub struct Observer {
+    /// Holds the programs attached.
+    _bpf: Ebpf,
+    ring: RingBuf<MapData>,
+}
+
+impl Observer {
+    /// Attaches to the FUSE connection mounted at `mountpoint`.
+    pub fn attach(mountpoint: &Path) -> Result<Observer, ObserveError> {
+        let connection = connection_of(mountpoint)?;
+        let (read_lo, read_hi) = forget_site()?;
+        let mut bpf = EbpfLoader::new()
+            .set_global("CONNECTION", &connection, true)
+            .set_global("READ_LO", &read_lo, true)
+            .set_global("READ_HI", &read_hi, true)
+            .load(PROGRAM)
+            .map_err(|e| ObserveError::Load(e.to_string()))?;
+        let btf = Btf::from_sys_fs().map_err(|e| ObserveError::Load(e.to_string()))?;
+        for (program, tracepoint) in [
+            ("request_end", "fuse_request_end"),
+            ("forget_read", "kfree"),
+        ] {
+            let attach = |bpf: &mut Ebpf| -> Result<(), String> {
+                let p: &mut BtfTracePoint = bpf
+                    .program_mut(program)
+                    .ok_or("missing from the object")?
+                    .try_into()
+                    .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+                p.load(tracepoint, &btf).map_err(|e| e.to_string())?;
+                p.attach().map_err(|e| e.to_string())?;
+                Ok(())
+            };
+            attach(&mut bpf).map_err(|e| ObserveError::Attach(tracepoint, e))?;
+        }
+        let map = bpf
+            .take_map("events")
+            .ok_or_else(|| ObserveError::Load("no map `events`".into()))?;
+        let ring = RingBuf::try_from(map).map_err(|e| ObserveError::Load(e.to_string()))?;
+        Ok(Observer { _bpf: bpf, ring })
+    }
+
+    /// What was seen since the last call, oldest first.
+    pub fn drain(&mut self) -> Vec<Event> {
+        let mut events = Vec::new();
+        while let Some(record) = self.ring.next() {
+            if let Some(event) = parse_record(&record) {
+                events.push(event);
+            }
+        }
+        events
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default())
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default())
+}
+
+/// One ring record as an event (`None` for a record of another shape).
+fn parse_record(b: &[u8]) -> Option<Event> {
+    if b.len() < RECORD {
+        return None;
+    }
+    match u32_at(b, 0) {
+        0 => {
+            let request_len = (u32_at(b, 4) as usize).min(REQUEST_MAX);
+            let reply_len = (u32_at(b, 8) as usize).min(REPLY_MAX);
+            let mut request = b[HEAD..HEAD + request_len].to_vec();
+            if request.len() >= 4 {
+                request[..4].copy_from_slice(&(request_len as u32).to_le_bytes());
+            }
+            let reply = b[HEAD + REQUEST_MAX..HEAD + REQUEST_MAX + reply_len].to_vec();
+            Some(Event::Request {
+                request,
+                reply,
+                cut: u32_at(b, 12) != 0,
+            })
+        }
+        1 => Some(Event::Forget {
+            node: u64_at(b, 16),
+            count: u64_at(b, 24),
+        }),
+        _ => None,
+    }
+}
+
+/// The device number the kernel knows the FUSE connection at `mountpoint` by (`fc->dev`):
+/// its `major:minor` in /proc/self/mountinfo, encoded as the kernel's `MKDEV`.
+pub fn connection_of(mountpoint: &Path) -> Result<u32, ObserveError> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| ObserveError::Read("/proc/self/mountinfo", e))?;
+    // (Made absolute without looking at it: a mount whose driver hangs must not hang this.)
+    let absolute = std::path::absolute(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let wanted = absolute.to_string_lossy();
+    // The last line for the path: the mount on top.
+    info.lines()
+        .rev()
+        .find_map(|line| {
+            // id parent major:minor root mountpoint options... - fstype source super-options
+            let fields: Vec<&str> = line.split(' ').collect();
+            let fstype = fields.iter().skip_while(|f| **f != "-").nth(1)?;
+            (unescape(fields.get(4)?) == wanted && fstype.starts_with("fuse")).then_some(fields[2])
+        })
+        .and_then(|dev| {
+            let (major, minor) = dev.split_once(':')?;
+            Some(major.parse::<u32>().ok()? << 20 | minor.parse::<u32>().ok()?)
+        })
+        .ok_or_else(|| ObserveError::NotFuse(wanted.into_owned()))
+}
+
+/// A mountinfo field with its octal escapes (`\040` for a space) undone.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                let value = u32::from(d[0] - b'0') << 6
+                    | u32::from(d[1] - b'0') << 3
+                    | u32::from(d[2] - b'0');
+                out.push(value as u8); // (the kernel writes at most \\377)
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Where `fuse_dev_do_read` lies (its address and the next symbol's), from /proc/kallsyms.
+fn forget_site() -> Result<(u64, u64), ObserveError> {
+    let symbols = std::fs::read_to_string("/proc/kallsyms")
+        .map_err(|e| ObserveError::Read("/proc/kallsyms", e))?;
+    let mut addresses: Vec<(u64, &str)> = symbols
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let address = u64::from_str_radix(fields.next()?, 16).ok()?;
+            let name = fields.nth(1)?;
+            Some((address, name))
+        })
+        .collect();
+    addresses.sort_unstable();
+    let at = addresses
+        .iter()
+        .position(|(a, name)| *name == "fuse_dev_do_read" && *a != 0)
+        .ok_or(ObserveError::NoForgetSite)?;
+    let start = addresses[at].0;
+    let end = addresses[at + 1..]
+        .iter()
+        .find(|(a, _)| *a > start)
+        .map(|(a, _)| *a)
+        .ok_or(ObserveError::NoForgetSite)?;
+    Ok((start, end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(kind: u32, request: &[u8], reply: &[u8], cut: u32, node: u64, count: u64) -> Vec<u8> {
+        let mut b = vec![0u8; RECORD];
+        b[0..4].copy_from_slice(&kind.to_le_bytes());
+        b[4..8].copy_from_slice(&(request.len() as u32).to_le_bytes());
+        b[8..12].copy_from_slice(&(reply.len() as u32).to_le_bytes());
+        b[12..16].copy_from_slice(&cut.to_le_bytes());
+        b[16..24].copy_from_slice(&node.to_le_bytes());
+        b[24..32].copy_from_slice(&count.to_le_bytes());
+        b[HEAD..HEAD + request.len()].copy_from_slice(request);
+        b[HEAD + REQUEST_MAX..HEAD + REQUEST_MAX + reply.len()].copy_from_slice(reply);
+        b
+    }
+
+    #[test]
+    fn a_request_record_carries_its_bytes_with_the_length_it_carries() {
+        let mut request = vec![0u8; 40];
+        request[0..4].copy_from_slice(&4096u32.to_le_bytes()); // the wire's length
+        request.extend_from_slice(b"name\0");
+        let reply = [7u8; 16];
+        let Some(Event::Request {
+            request: got,
+            reply: got_reply,
+            cut,
+        }) = parse_record(&record(0, &request, &reply, 1, 0, 0))
+        else {
+            panic!("not a request");
+        };
+        assert_eq!(u32_at(&got, 0), 45);
+        assert_eq!(&got[40..], b"name\0");
+        assert_eq!(got_reply, reply);
+        assert!(cut);
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape(r"/mnt/my\040disk"), "/mnt/my disk");
+        assert_eq!(unescape(r"/a\134b"), r"/a\b");
+        assert_eq!(unescape(r"/plain\"), r"/plain\");
+    }
+
+    #[test]
+    fn a_forget_record_gives_node_and_count() {
+        assert_eq!(
+            parse_record(&record(1, &[], &[], 0, 42, 3)),
+            Some(Event::Forget { node: 42, count: 3 })
+        );
+    }
+
+    #[test]
+    fn records_of_another_shape_are_ignored() {
+        assert_eq!(parse_record(&[0u8; 16]), None);
+        assert_eq!(parse_record(&record(9, &[], &[], 0, 0, 0)), None);
+        // Lengths beyond the record are bounded, not trusted.
+        let mut b = record(0, &[], &[], 0, 0, 0);
+        b[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(
+            matches!(parse_record(&b), Some(Event::Request { request, .. }) if request.len() == REQUEST_MAX)
+        );
+    }
+}
