@@ -84,6 +84,21 @@ struct {
 
 char LICENSE[] SEC("license") = "GPL";
 
+// A ring record of `kind` with its fixed fields cleared, or 0 when the ring is full.
+static __attribute__((always_inline)) struct event *new_event(__u32 kind)
+{
+    struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+    if (e) {
+        e->kind = kind;
+        e->request_len = 0;
+        e->reply_len = 0;
+        e->cut = 0;
+        e->node = 0;
+        e->count = 0;
+    }
+    return e;
+}
+
 SEC("tp_btf/fuse_request_end")
 int request_end(__u64 *ctx)
 {
@@ -98,13 +113,9 @@ int request_end(__u64 *ctx)
     if (dev != CONNECTION)
         return 0;
     READ(args, req->args);
-    struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+    struct event *e = new_event(REQUEST_END);
     if (!e)
         return 0;
-    e->kind = REQUEST_END;
-    e->cut = 0;
-    e->node = 0;
-    e->count = 0;
 
     READ(*(struct fuse_in_header *)e->request, req->in.h);
     __u32 off = sizeof(struct fuse_in_header);
@@ -167,13 +178,9 @@ int forget_read(__u64 *ctx)
     struct fuse_forget_link *link = (void *)ctx[1];
     if (call_site < READ_LO || call_site >= READ_HI)
         return 0;
-    struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+    struct event *e = new_event(FORGET);
     if (!e)
         return 0;
-    e->kind = FORGET;
-    e->request_len = 0;
-    e->reply_len = 0;
-    e->cut = 0;
     READ(e->node, link->forget_one.nodeid);
     READ(e->count, link->forget_one.nlookup);
     bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
