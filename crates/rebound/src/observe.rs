@@ -1,6 +1,7 @@
 //! `rebound observe MOUNTPOINT`: the requests of any FUSE mount as they end, with what each
 //! changes (names, node ids, handles) and its outcome, and the forgets its driver reads — seen
-//! from beside the path by `rebound-observe`, without slowing the driver down. It is the view
+//! from beside the path by `rebound-observe` (its cost on a driver's stat latency was within
+//! this machine's noise, bench/results/fast-path-spike-2026-11-25.md). It is the view
 //! rebound's fast path will keep its tracker with; a user gets a FUSE-level trace of a mount
 //! that rebound need not serve.
 //!
