@@ -6,6 +6,7 @@ each request with the names and node ids it carries and its outcome, the node id
 replies gave, and the forgets of those ids: what rebound's fast path needs to keep its tracker.
 """
 
+import os
 import re
 import subprocess
 import time
@@ -34,6 +35,8 @@ def test_requests_names_node_ids_and_forgets_are_seen(mount, mode, rebound_bin):
         (m.mnt / "d" / "f").rename(m.mnt / "d" / "g")
         assert not (m.mnt / "d" / "absent").exists()
         (m.mnt / "d" / "g").unlink()
+        (m.mnt / "d" / "h").write_bytes(b"y")
+        listed = os.listdir(m.mnt / "d")
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
     lines = out.splitlines()
@@ -51,7 +54,11 @@ def test_requests_names_node_ids_and_forgets_are_seen(mount, mode, rebound_bin):
     one(rf"^LOOKUP unique \d+ node {d} 'absent' error No such file or directory")
     one(rf"^UNLINK unique \d+ node {d} 'g' ok$")
     # The unlinked file's inode is evicted at once: its one lookup (from CREATE) is forgotten.
-    one(rf"^FORGET node {f} count 1$")
+    one(rf"^FORGET node {f} count 1 \(read by pid \d+\)$")
+    # A listing's entries, which the kernel counts lookups of, are seen with their node ids.
+    assert listed == ["h"]
+    h = int(one(rf"^CREATE unique \d+ node {d} 'h' -> node (\d+) ok$").group(1))
+    one(rf"^READDIRPLUS unique \d+ node {d} \[.*'h' -> node {h}.*\] ok$")
 
 
 def test_a_path_that_is_no_fuse_mount_is_named(tmp_path, rebound_bin):

@@ -6,7 +6,10 @@
 // bench/results/fast-path-spike-2026-11-25.md).
 //
 // Owns: what is copied, and its bounds. Must not: change anything (it only reads), or copy an
-// argument that lives in pages (READ and READDIRPLUS replies, WRITE data): those are cut.
+// argument that lives in pages (READ replies, WRITE data): those are cut. READDIRPLUS replies
+// (entries the kernel counts lookups of) live in pages too, but the driver wrote them with the
+// write(2) or writev(2) that ends the request: they are copied from its buffer (the kernel's
+// direct map is at a random address this program cannot learn without kallsyms' variables).
 //
 // The structures are declared as far as they are read: CO-RE relocates each field by name
 // against the running kernel's BTF, so no vmlinux.h is needed to build this.
@@ -24,6 +27,10 @@ typedef unsigned long long __u64;
 static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *src) = (void *)113;
 static void *(*bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (void *)131;
 static void (*bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
+static long (*bpf_probe_read_user)(void *dst, __u32 size, const void *src) = (void *)112;
+static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
+static void *(*bpf_get_current_task_btf)(void) = (void *)158;
+static void *(*bpf_task_pt_regs)(void *task) = (void *)175;
 #define BPF_RB_NO_WAKEUP 1
 #define BPF_MAP_TYPE_RINGBUF 27
 
@@ -40,6 +47,12 @@ struct fuse_req { struct fuse_args *args; struct { struct fuse_in_header h; } in
                   struct { struct fuse_out_header h; } out; struct fuse_mount *fm; } CORE;
 struct fuse_forget_one { __u64 nodeid; __u64 nlookup; } CORE;
 struct fuse_forget_link { struct fuse_forget_one forget_one; } CORE;
+struct pt_regs { unsigned long dx; unsigned long si; unsigned long orig_ax; } CORE;
+struct iovec { void *iov_base; __u64 iov_len; };
+
+#define FUSE_READDIRPLUS 44
+#define NR_WRITE 1
+#define NR_WRITEV 20
 
 // x & mask, in a way clang cannot drop when it already knows x to be in range (the verifier,
 // which tracks registers differently, must see the mask).
@@ -63,8 +76,10 @@ const volatile __u64 READ_HI = 0;
 #define ARG_MAX 511
 #define REQUEST_MAX 1024
 #define REPLY_MAX 512
+// A READDIRPLUS reply's entries: one page, as the kernel asks for.
+#define ENTRIES_MAX 4096
 
-enum kind { REQUEST_END = 0, FORGET = 1 };
+enum kind { REQUEST_END = 0, FORGET = 1, ENTRIES_END = 2 };
 
 struct event {
     __u32 kind;
@@ -73,8 +88,16 @@ struct event {
     __u32 cut;          // an argument was longer than carried, or in pages
     __u64 node;         // FORGET: the node and its count
     __u64 count;
+    __u32 reader;       // FORGET: the process that read it
+    __u32 entries_len;  // ENTRIES_END: bytes of `entries`
     __u8 request[REQUEST_MAX];
     __u8 reply[REPLY_MAX];
+};
+
+// A READDIRPLUS that ended: the event, then the reply's entries.
+struct entries_event {
+    struct event e;
+    __u8 entries[ENTRIES_MAX];
 };
 
 struct {
@@ -87,7 +110,9 @@ char LICENSE[] SEC("license") = "GPL";
 // A ring record of `kind` with its fixed fields cleared, or 0 when the ring is full.
 static __attribute__((always_inline)) struct event *new_event(__u32 kind)
 {
-    struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+    struct event *e = kind == ENTRIES_END
+                          ? bpf_ringbuf_reserve(&events, sizeof(struct entries_event), 0)
+                          : bpf_ringbuf_reserve(&events, sizeof(*e), 0);
     if (e) {
         e->kind = kind;
         e->request_len = 0;
@@ -95,8 +120,50 @@ static __attribute__((always_inline)) struct event *new_event(__u32 kind)
         e->cut = 0;
         e->node = 0;
         e->count = 0;
+        e->reader = 0;
+        e->entries_len = 0;
     }
     return e;
+}
+
+// Copies the entries of a READDIRPLUS reply of `size` bytes from the buffer the ending
+// write(2)/writev(2) of the driver passed (the current task's system call). Returns the bytes
+// copied, or -1 if they cannot be (another system call, or a layout not handled: the reply
+// header and data in more than two pieces).
+static __attribute__((always_inline)) long copy_entries(__u8 *dst, __u32 size)
+{
+    struct pt_regs *regs = bpf_task_pt_regs(bpf_get_current_task_btf());
+    unsigned long nr = 0, arg1 = 0, arg2 = 0;
+    READ(nr, regs->orig_ax);
+    READ(arg1, regs->si);
+    READ(arg2, regs->dx);
+    const __u8 *data = 0;
+    __u64 available = 0;
+    if (nr == NR_WRITE) {
+        data = (const __u8 *)arg1 + sizeof(struct fuse_out_header);
+        available = arg2 - sizeof(struct fuse_out_header);
+    } else if (nr == NR_WRITEV && arg2 >= 1) {
+        struct iovec iov[2] = {};
+        if (bpf_probe_read_user(&iov[0], sizeof(iov[0]), (void *)arg1))
+            return -1;
+        if (iov[0].iov_len > sizeof(struct fuse_out_header)) {
+            data = (const __u8 *)iov[0].iov_base + sizeof(struct fuse_out_header);
+            available = iov[0].iov_len - sizeof(struct fuse_out_header);
+        } else if (iov[0].iov_len == sizeof(struct fuse_out_header) && arg2 >= 2) {
+            if (bpf_probe_read_user(&iov[1], sizeof(iov[1]), (struct iovec *)arg1 + 1))
+                return -1;
+            data = iov[1].iov_base;
+            available = iov[1].iov_len;
+        }
+    }
+    if (!data || available < size || size > ENTRIES_MAX)
+        return -1;
+    __u64 len = BOUND(size, 4095);
+    if (size == ENTRIES_MAX)
+        len = ENTRIES_MAX;
+    if (len && bpf_probe_read_user(dst, len, data))
+        return -1;
+    return len;
 }
 
 SEC("tp_btf/fuse_request_end")
@@ -113,7 +180,12 @@ int request_end(__u64 *ctx)
     if (dev != CONNECTION)
         return 0;
     READ(args, req->args);
-    struct event *e = new_event(REQUEST_END);
+    __u32 opcode = 0;
+    __s32 error = 0;
+    READ(opcode, req->in.h.opcode);
+    READ(error, req->out.h.error);
+    __u32 kind = opcode == FUSE_READDIRPLUS && error == 0 ? ENTRIES_END : REQUEST_END;
+    struct event *e = new_event(kind);
     if (!e)
         return 0;
 
@@ -154,6 +226,14 @@ int request_end(__u64 *ctx)
         void *value = 0;
         READ(size, args->out_args[i].size);
         READ(value, args->out_args[i].value);
+        if (kind == ENTRIES_END) {
+            long copied = copy_entries(((struct entries_event *)e)->entries, size);
+            if (copied < 0)
+                e->cut = 1;
+            else
+                e->entries_len = copied;
+            break;
+        }
         if (size > REPLY_MAX / 2 - sizeof(struct fuse_out_header) || off > REPLY_MAX / 2 - 1) {
             e->cut = 1;
             break;
@@ -183,6 +263,7 @@ int forget_read(__u64 *ctx)
         return 0;
     READ(e->node, link->forget_one.nodeid);
     READ(e->count, link->forget_one.nlookup);
+    e->reader = bpf_get_current_pid_tgid() >> 32;
     bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
     return 0;
 }

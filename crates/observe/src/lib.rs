@@ -19,10 +19,12 @@ use aya::{Btf, Ebpf, EbpfLoader};
 static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observe.bpf.o"));
 
 /// Sizes of a ring record (`struct event` in the program).
-const HEAD: usize = 32;
+const HEAD: usize = 40;
 const REQUEST_MAX: usize = 1024;
 const REPLY_MAX: usize = 512;
 const RECORD: usize = HEAD + REQUEST_MAX + REPLY_MAX;
+/// A READDIRPLUS record (`struct entries_event`): a record, then the reply's entries.
+const ENTRIES_MAX: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ObserveError {
@@ -42,16 +44,17 @@ pub enum ObserveError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A request that ended: its bytes as the driver read them (the header's `len` is set to
-    /// what is carried) and the reply's (header and arguments); `cut` when an argument was
-    /// longer than carried or in pages (READ and READDIRPLUS replies, WRITE data).
+    /// what is carried) and the reply's (header and arguments, its `len` set likewise); `cut`
+    /// when an argument was longer than carried or in pages (READ replies, WRITE data, and
+    /// READDIRPLUS entries the driver wrote in a way not followed).
     Request {
         request: Vec<u8>,
         reply: Vec<u8>,
         cut: bool,
     },
-    /// A driver read a FORGET of `count` lookups of `node`. Its connection is not known:
-    /// forgets of every FUSE connection are seen.
-    Forget { node: u64, count: u64 },
+    /// Process `reader` read a FORGET of `count` lookups of `node`. Its connection is not
+    /// known: forgets of every FUSE connection are seen, and the reader tells them apart.
+    Forget { node: u64, count: u64, reader: u32 },
 }
 
 /// The observer of one connection, attached until dropped.
@@ -121,24 +124,36 @@ fn parse_record(b: &[u8]) -> Option<Event> {
     if b.len() < RECORD {
         return None;
     }
+    const REQUEST_END: u32 = 0;
+    const FORGET: u32 = 1;
+    const ENTRIES_END: u32 = 2;
     match u32_at(b, 0) {
-        0 => {
+        kind @ (REQUEST_END | ENTRIES_END) => {
             let request_len = (u32_at(b, 4) as usize).min(REQUEST_MAX);
             let reply_len = (u32_at(b, 8) as usize).min(REPLY_MAX);
             let mut request = b[HEAD..HEAD + request_len].to_vec();
             if request.len() >= 4 {
                 request[..4].copy_from_slice(&(request_len as u32).to_le_bytes());
             }
-            let reply = b[HEAD + REQUEST_MAX..HEAD + REQUEST_MAX + reply_len].to_vec();
+            let mut reply = b[HEAD + REQUEST_MAX..HEAD + REQUEST_MAX + reply_len].to_vec();
+            if kind == ENTRIES_END && b.len() >= RECORD + ENTRIES_MAX {
+                let len = (u32_at(b, 36) as usize).min(ENTRIES_MAX);
+                reply.extend_from_slice(&b[RECORD..RECORD + len]);
+            }
+            if reply.len() >= 4 {
+                let len = reply.len() as u32;
+                reply[..4].copy_from_slice(&len.to_le_bytes());
+            }
             Some(Event::Request {
                 request,
                 reply,
                 cut: u32_at(b, 12) != 0,
             })
         }
-        1 => Some(Event::Forget {
+        FORGET => Some(Event::Forget {
             node: u64_at(b, 16),
             count: u64_at(b, 24),
+            reader: u32_at(b, 32),
         }),
         _ => None,
     }
@@ -233,6 +248,7 @@ mod tests {
         b[12..16].copy_from_slice(&cut.to_le_bytes());
         b[16..24].copy_from_slice(&node.to_le_bytes());
         b[24..32].copy_from_slice(&count.to_le_bytes());
+        b[32..36].copy_from_slice(&77u32.to_le_bytes());
         b[HEAD..HEAD + request.len()].copy_from_slice(request);
         b[HEAD + REQUEST_MAX..HEAD + REQUEST_MAX + reply.len()].copy_from_slice(reply);
         b
@@ -254,7 +270,8 @@ mod tests {
         };
         assert_eq!(u32_at(&got, 0), 45);
         assert_eq!(&got[40..], b"name\0");
-        assert_eq!(got_reply, reply);
+        assert_eq!(got_reply[4..], reply[4..]);
+        assert_eq!(u32_at(&got_reply, 0), 16);
         assert!(cut);
     }
 
@@ -269,8 +286,27 @@ mod tests {
     fn a_forget_record_gives_node_and_count() {
         assert_eq!(
             parse_record(&record(1, &[], &[], 0, 42, 3)),
-            Some(Event::Forget { node: 42, count: 3 })
+            Some(Event::Forget {
+                node: 42,
+                count: 3,
+                reader: 77
+            })
         );
+    }
+
+    #[test]
+    fn a_readdirplus_record_carries_its_entries_after_the_reply_header() {
+        let header = [0u8; 16];
+        let mut b = record(2, &[0u8; 40], &header, 0, 0, 0);
+        b.resize(RECORD + ENTRIES_MAX, 0);
+        b[36..40].copy_from_slice(&5u32.to_le_bytes());
+        b[RECORD..RECORD + 5].copy_from_slice(b"abcde");
+        let Some(Event::Request { reply, cut, .. }) = parse_record(&b) else {
+            panic!("not a request");
+        };
+        assert_eq!(&reply[16..], b"abcde");
+        assert_eq!(u32_at(&reply, 0), 21);
+        assert!(!cut);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use fuse_wire::change::entry_node;
+use fuse_wire::change::{direntplus_entries, entry_node};
 use fuse_wire::{Change, Request};
 use rebound_observe::{Event, Observer};
 
@@ -40,9 +40,13 @@ pub fn run(mountpoint: &Path, seconds: Option<u64>) -> anyhow::Result<()> {
                     reply,
                     cut,
                 } => describe(&request, &reply, cut, &mut known),
-                Event::Forget { node, count } if known.contains(&node) => {
-                    Some(format!("FORGET node {node} count {count}"))
-                }
+                Event::Forget {
+                    node,
+                    count,
+                    reader,
+                } if known.contains(&node) => Some(format!(
+                    "FORGET node {node} count {count} (read by pid {reader})"
+                )),
                 Event::Forget { .. } => None,
             };
             if let Some(line) = line {
@@ -96,6 +100,16 @@ fn describe(request: &[u8], reply: &[u8], cut: bool, known: &mut HashSet<u64>) -
             )
         }
         Change::Release { fh, .. } => line += &format!(" fh {fh}"),
+        Change::ReaddirPlus { .. } if error == 0 => {
+            let entries: Vec<String> = direntplus_entries(body)
+                .filter(|(_, node, _)| *node != 0)
+                .map(|(_, node, name)| {
+                    known.insert(node);
+                    format!("'{}' -> node {node}", text(name))
+                })
+                .collect();
+            line += &format!(" [{}]", entries.join(", "));
+        }
         _ => {}
     }
     line += &match error {
