@@ -9,6 +9,7 @@ with rebound's CPU time per request, and a PNG chart of the rebound/direct ratio
 helpers the recovery benchmark shares (the rebound binary, its status).
 
     bench/run.py [--drivers passthrough_ll,fuse2fs,sshfs] [--reps 3] [--quick] [--out DIR]
+                 [--mode guarded|fast]   (rebound's data path: `mode` in its config)
     bench/run.py --report bench/results/RUN.jsonl...   (table and chart again, no run)
 
 Every target is mounted afresh for every measurement (cold caches on the FUSE side), and the
@@ -68,8 +69,9 @@ class Target:
     """One of the three ways to reach the same data; `start` mounts it, `stop` unmounts.
     All three use the same directory, so the paths the workloads see are the same too."""
 
-    def __init__(self, driver, kind, work, sshd):
+    def __init__(self, driver, kind, work, sshd, config=None):
         self.driver, self.kind, self.work, self.sshd = driver, kind, work, sshd
+        self.config = config if kind == "rebound" else None
         self.mnt = work / "mnt"
         self.mount = None  # a mounts.Mount for the direct and rebound targets
 
@@ -86,6 +88,7 @@ class Target:
             subprocess.run(["mount", *how, str(self.mnt)], check=True)
             return
         self.mount = mounts.Mount(self.driver, self.kind, self.work, sshd=self.sshd,
+                                  config=self.config,
                                   watchdog=300.0)  # a hung workload fails, not the run
         try:
             self.mount.start()
@@ -367,7 +370,8 @@ def run(args, meta, sink):
             work = work_root / driver
             work.mkdir()
             mounts.Mount(driver, "direct", work).prepare(q["image"])  # mnt/, src/ or the image
-            targets = {kind: Target(driver, kind, work, sshd) for kind in TARGETS}
+            config = f'mode = "{args.mode}"\n'
+            targets = {kind: Target(driver, kind, work, sshd, config) for kind in TARGETS}
             targets["direct"].start()
             try:
                 q["o_direct"] = supports_o_direct(targets["direct"].mnt)
@@ -589,7 +593,8 @@ def load(paths):
 
 
 def render(metas, results, command, png=None):
-    runs = ", ".join(f"{m['started']} (commit {m['commit']}, `{m['command']}`)" for m in metas)
+    runs = ", ".join(f"{m['started']} (commit {m['commit']}, mode {m.get('mode', 'guarded')}, "
+                     f"`{m['command']}`)" for m in metas)
     m = metas[0]
     machine = m.get("cpu_model", m["machine"])
     loads = [r["loadavg"] for r in results if "loadavg" in r]
@@ -638,12 +643,16 @@ def plot_with_matplotlib(plot, script, jsonl, png):
 
 
 def report(metas, results, out, command, jsonl):
-    """Writes latest.md and latest.png (the chart, given matplotlib) into out; returns the
-    Markdown."""
-    png = out / "latest.png"
+    """Writes latest.md and latest.png (the chart, given matplotlib) into out, or for fast
+    mode latest-fast.md and latest-fast.png; returns the Markdown."""
+    modes = {m.get("mode", "guarded") for m in metas}
+    if len(modes) > 1:
+        sys.exit("bench: one report per mode (the runs given mix " + ", ".join(sorted(modes)) + ")")
+    stem = "latest" if modes == {"guarded"} else f"latest-{modes.pop()}"
+    png = out / f"{stem}.png"
     plotted = plot_with_matplotlib(chart, __file__, jsonl, png)
     md = render(metas, results, command, png.name if plotted else None)
-    (out / "latest.md").write_text(md)
+    (out / f"{stem}.md").write_text(md)
     return md
 
 
@@ -664,6 +673,8 @@ def main():
     p.add_argument("--drivers", default=",".join(DRIVERS))
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--mode", choices=("guarded", "fast"), default="guarded",
+                   help="rebound's data path (its config's `mode`)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--report", nargs="+", metavar="JSONL",
@@ -692,16 +703,17 @@ def main():
     if not os.access(REBOUND, os.X_OK):
         sys.exit(f"bench: no rebound binary at {REBOUND} (cargo build --release, or REBOUND_BIN)")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    started_tag = f"{started}-{args.mode}" if args.mode != "guarded" else started
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     meta = {"started": started, "commit": commit, **machine_meta(), "reps": args.reps,
-            "quick": args.quick, "rebound": str(REBOUND),
+            "quick": args.quick, "rebound": str(REBOUND), "mode": args.mode,
             "command": "bench/run.py " + " ".join(sys.argv[1:])}
-    path = out / f"{started.replace(':', '')}.jsonl"
+    path = out / f"{started_tag.replace(':', '')}.jsonl"
     with open(path, "w") as sink:
         results = run(args, meta, sink)
     print(report([meta], results, out, meta["command"], [path]))
-    print(f"results: {path}, {out / 'latest.md'}, {out / 'latest.png'}")
+    print(f"results: {path} and the report beside it in {out}")
 
 
 if __name__ == "__main__":

@@ -181,6 +181,8 @@ pub const MAX_PAGES: u32 = 1 << 22;
 pub const FLAGS2_PASSTHROUGH: u32 = 1 << (37 - 32);
 /// INIT flag (high word, bit 41): requests over io_uring, which bypasses the channel.
 pub const FLAGS2_OVER_IO_URING: u32 = 1 << (41 - 32);
+/// Set in the `unique` of a request the kernel queues again after `FUSE_NOTIFY_RESEND`.
+pub const UNIQUE_RESEND: u64 = 1 << 63;
 /// High-word INIT flags rebound never offers to a driver.
 pub const FLAGS2_MASKED: u32 = FLAGS2_PASSTHROUGH | FLAGS2_OVER_IO_URING;
 

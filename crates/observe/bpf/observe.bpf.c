@@ -132,6 +132,8 @@ static __attribute__((always_inline)) struct event *new_event(__u32 kind)
 // header and data in more than two pieces).
 static __attribute__((always_inline)) long copy_entries(__u8 *dst, __u32 size)
 {
+    if (size == 0)  // the end of the directory: a bare header
+        return 0;
     struct pt_regs *regs = bpf_task_pt_regs(bpf_get_current_task_btf());
     unsigned long nr = 0, arg1 = 0, arg2 = 0;
     READ(nr, regs->orig_ax);

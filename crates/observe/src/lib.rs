@@ -62,6 +62,7 @@ pub struct Observer {
     /// Holds the programs attached.
     _bpf: Ebpf,
     ring: RingBuf<MapData>,
+    connection: u32,
 }
 
 impl Observer {
@@ -96,7 +97,17 @@ impl Observer {
             .take_map("events")
             .ok_or_else(|| ObserveError::Load("no map `events`".into()))?;
         let ring = RingBuf::try_from(map).map_err(|e| ObserveError::Load(e.to_string()))?;
-        Ok(Observer { _bpf: bpf, ring })
+        Ok(Observer {
+            _bpf: bpf,
+            ring,
+            connection,
+        })
+    }
+
+    /// The connection observed, as the kernel numbers it (`fc->dev`; its directory in
+    /// `/sys/fs/fuse/connections`).
+    pub fn connection(&self) -> u32 {
+        self.connection
     }
 
     /// What was seen since the last call, oldest first.

@@ -20,6 +20,11 @@ pub struct Config {
     /// not a key of the file.
     #[serde(skip)]
     pub source: Option<PathBuf>,
+    /// Where requests go while the driver is healthy: `guarded` through rebound, which checks
+    /// every reply before the kernel sees it; `fast` straight from the kernel's queue to the
+    /// driver, with rebound beside the path keeping its tracker by observation (BPF) until the
+    /// driver fails, and guarded from then on.
+    pub mode: Mode,
     /// How long the driver may take from start to `mount(2)` before rebound gives up on it
     /// (it may be a command that is not a FUSE driver at all).
     pub mount_timeout_ms: u64,
@@ -152,6 +157,15 @@ pub struct SandboxConfig {
     pub allow_syscalls: Vec<String>,
 }
 
+/// The data path while the driver is healthy (see [`Config::mode`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    #[default]
+    Guarded,
+    Fast,
+}
+
 /// When a standby successor is kept ready.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -272,6 +286,7 @@ impl Default for Config {
         Config {
             learn: None,
             source: None,
+            mode: Mode::Guarded,
             mount_timeout_ms: 30_000,
             stop_timeout_ms: 60_000,
             request_timeout_ms: 60_000,
@@ -362,6 +377,13 @@ impl Config {
             return Err(
                 "standby: \"on\" cannot go with image, which is rolled back after a failure: \
                  a standby would have read it before"
+                    .into(),
+            );
+        }
+        if self.mode == Mode::Fast && self.redo_log {
+            return Err(
+                "mode: \"fast\" cannot go with redo_log, which must see every change before \
+                 the kernel does"
                     .into(),
             );
         }
@@ -553,6 +575,16 @@ mod tests {
         assert!(err.starts_with("standby:"), "{err}");
         let config = Config::parse("image = \"/srv/disk.img\"\nredo_log = true").unwrap();
         assert_eq!(config.image.as_deref(), Some(Path::new("/srv/disk.img")));
+    }
+
+    #[test]
+    fn the_mode_is_read_and_fast_refuses_a_redo_log() {
+        assert_eq!(Config::parse("").unwrap().mode, Mode::Guarded);
+        assert_eq!(Config::parse("mode = \"fast\"").unwrap().mode, Mode::Fast);
+        let err = Config::parse("mode = \"fast\"\nredo_log = true").unwrap_err();
+        assert!(err.starts_with("mode:"), "{err}");
+        let err = Config::parse("mode = \"quick\"").unwrap_err();
+        assert!(err.contains("`mode`") && err.contains("guarded"), "{err}");
     }
 
     #[test]

@@ -17,7 +17,6 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use fuse_wire::abi::NotifyCode;
 use serde::{Deserialize, Serialize};
 use tracker::{ObjectSnapshot, ObjectTable, RedoLog, RedoSnapshot};
 
@@ -116,11 +115,7 @@ impl Proxy {
             shared.store_changed = state.store_changed.into();
         })?;
         proxy.driver_failed();
-        // FUSE_NOTIFY_RESEND: a bare header, `unique` 0, the code in `error`.
-        let mut resend = [0u8; 16];
-        resend[..4].copy_from_slice(&16u32.to_ne_bytes());
-        resend[4..8].copy_from_slice(&(NotifyCode::Resend as i32).to_ne_bytes());
-        rustix::io::write(&proxy.shared.queues[0], &resend)?;
+        super::resend_requests(&proxy.shared)?;
         Ok(proxy)
     }
 }

@@ -13,6 +13,7 @@
 //! boundaries, so an unmodified driver reads exactly one request per `read(2)` and writes one
 //! reply per `write(2)`.
 
+mod beside;
 mod checkpoints;
 mod handover;
 mod notifications;
@@ -162,6 +163,9 @@ impl Channel {
 
 /// The state of the driver side.
 enum Link {
+    /// The first driver serves the kernel's queue itself (fast mode, see [`beside`]): nothing
+    /// crosses the proxy until it takes over.
+    Beside,
     /// Requests go to `driver`, the `generation`-th driver since the mount.
     Serving {
         driver: Arc<OwnedFd>,
@@ -289,6 +293,8 @@ struct Shared {
     /// may have left hidden files behind (see `recovery::leftovers`).
     removal_dirs: Mutex<Vec<u64>>,
     second_opinions: Option<SecondOpinions>,
+    /// In fast mode, what rebound keeps beside the driver's path (see [`beside`]).
+    beside: Option<beside::Beside>,
 }
 
 /// How many directories [`Shared::removal_dirs`] keeps.
@@ -419,17 +425,7 @@ impl Proxy {
         events: UnixStream,
         options: ProxyOptions,
     ) -> io::Result<Proxy> {
-        let wanted = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
-        let mut queues = vec![kernel];
-        while queues.len() < wanted {
-            match rebound_sys::fuse_dev::clone_connection(queues[0].as_fd()) {
-                Ok(clone) => queues.push(clone),
-                Err(e) => {
-                    tracing::debug!("staying with {} kernel queue(s): {e}", queues.len());
-                    break;
-                }
-            }
-        }
+        let queues = kernel_queues(kernel);
         let driver = Arc::new(driver);
         let link = Link::Serving {
             driver: driver.clone(),
@@ -438,6 +434,49 @@ impl Proxy {
         let proxy = Proxy::launch(queues, events, &options, link, |_| {})?;
         spawn_driver_reader(&proxy.shared, driver, 0)?;
         Ok(proxy)
+    }
+
+    /// Starts beside the first driver, which serves the kernel's queue through `device` (its
+    /// clone of `kernel`; rebound's reference keeps the requests it reads alive), with
+    /// `observer` feeding the tracker until [`Proxy::take_over`] (fast mode, see [`beside`]).
+    pub fn start_beside(
+        kernel: OwnedFd,
+        device: OwnedFd,
+        observer: rebound_observe::Observer,
+        events: UnixStream,
+        options: ProxyOptions,
+    ) -> io::Result<Proxy> {
+        let beside = beside::Beside::new(observer, device);
+        let proxy = Proxy::launch(kernel_queues(kernel), events, &options, Link::Beside, |shared| {
+            shared.beside = Some(beside);
+        })?;
+        beside::spawn_observation(&proxy.shared)?;
+        Ok(proxy)
+    }
+
+    /// Whether the kernel has ended the connection (an unmount, or an abort): seen by a poll,
+    /// for fast mode, where no thread reads the queue to be told so.
+    pub fn kernel_gone(&self) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        let mut fds = [PollFd::new(&self.shared.queues[0], PollFlags::IN)];
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+            && fds[0].revents().contains(PollFlags::ERR)
+    }
+
+    /// Whether the driver serves the kernel's queue itself (fast mode, before any failure).
+    pub fn is_beside(&self) -> bool {
+        self.shared.beside.as_ref().is_some_and(beside::Beside::active)
+    }
+
+    /// Fast mode, once the failed driver's processes are all gone: the proxy takes the
+    /// kernel's queue over, with the requests the driver had read back in it. Nothing to do
+    /// (false) if it already serves the queue.
+    pub fn take_over(&self) -> io::Result<bool> {
+        beside::take_over(&self.shared)
     }
 
     /// Builds the shared state over `queues` with the driver side in `link`, `restore`
@@ -483,6 +522,7 @@ impl Proxy {
             checkpoint_due: checkpoints::CheckpointDue::new(options.checkpoint_changes),
             image: options.image.clone().map(checkpoints::ImageGate::new),
             removal_dirs: Mutex::new(Vec::new()),
+            beside: None,
             second_opinions: options
                 .second_opinion_cooldown
                 .map(|cooldown| SecondOpinions {
@@ -493,12 +533,8 @@ impl Proxy {
         };
         restore(&mut shared);
         let shared = Arc::new(shared);
-        // The threads run for as long as rebound does: they end when either side closes.
-        for queue in 0..shared.queues.len() {
-            let down = shared.clone();
-            std::thread::Builder::new()
-                .name(format!("kernel-queue-{queue}"))
-                .spawn(move || kernel_to_driver(&down, queue))?;
+        if !matches!(*shared.link(), Link::Beside) {
+            spawn_queue_readers(&shared)?;
         }
         if let Some(interval) = options.checkpoint_interval {
             let checkpointed = shared.clone();
@@ -766,6 +802,7 @@ impl Proxy {
         let shared = &self.shared;
         let driver = match &*shared.link() {
             Link::Serving { driver, .. } => driver.clone(),
+            Link::Beside => return beside::hang(shared.beside.as_ref()?, request_timeout),
             _ => return None,
         };
         let now = Instant::now();
@@ -869,6 +906,46 @@ fn oldest_waiting(shared: &Shared) -> Option<Instant> {
 fn held_objects(shared: &Shared) -> (usize, usize) {
     let objects = shared.objects();
     (objects.node_count(), objects.handle_count())
+}
+
+/// `FUSE_NOTIFY_RESEND` (a bare header, `unique` 0, the code in `error`): the kernel puts the
+/// requests being processed on any descriptor of the connection back in its queue, with
+/// [`abi::UNIQUE_RESEND`] set.
+fn resend_requests(shared: &Shared) -> io::Result<()> {
+    let mut resend = [0u8; size::OUT_HEADER];
+    resend[..4].copy_from_slice(&(size::OUT_HEADER as u32).to_ne_bytes());
+    resend[4..8].copy_from_slice(&(fuse_wire::NotifyCode::Resend as i32).to_ne_bytes());
+    rustix::io::write(&shared.queues[0], &resend)?;
+    Ok(())
+}
+
+/// `kernel` and its clones: one kernel queue per CPU (up to four), each read by a thread of
+/// its own once the proxy serves.
+fn kernel_queues(kernel: OwnedFd) -> Vec<OwnedFd> {
+    let wanted = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let mut queues = vec![kernel];
+    while queues.len() < wanted {
+        match rebound_sys::fuse_dev::clone_connection(queues[0].as_fd()) {
+            Ok(clone) => queues.push(clone),
+            Err(e) => {
+                tracing::debug!("staying with {} kernel queue(s): {e}", queues.len());
+                break;
+            }
+        }
+    }
+    queues
+}
+
+/// Starts a thread per kernel queue, which runs for as long as rebound does: each ends when
+/// the kernel side closes.
+fn spawn_queue_readers(shared: &Arc<Shared>) -> io::Result<()> {
+    for queue in 0..shared.queues.len() {
+        let down = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("kernel-queue-{queue}"))
+            .spawn(move || kernel_to_driver(&down, queue))?;
+    }
+    Ok(())
 }
 
 fn spawn_driver_reader(
@@ -979,7 +1056,8 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
                 drop(link);
                 return answer_in_drivers_place(shared, unique, queue, Errno::IO);
             }
-            Link::Recovering { .. } => {
+            // (Beside: no thread reads the kernel's queue; a request read is parked.)
+            Link::Recovering { .. } | Link::Beside => {
                 drop(link);
                 if released.is_some() {
                     // The old driver's handle went with it.
@@ -988,11 +1066,14 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
                 if shadow_answer(shared, &info, queue, msg) {
                     return;
                 }
-                // Parked: sent to the new driver once it holds what the kernel holds.
+                // Parked: sent to the new driver once it holds what the kernel holds. One the
+                // kernel sends again (FUSE_NOTIFY_RESEND) was read by the failed driver: it is
+                // settled as one in flight at the failure.
                 let request = shared.buffers.keep(buf, len, Patches::default());
+                let sent = (unique & abi::UNIQUE_RESEND != 0).then(|| (0, Instant::now()));
                 shared
                     .inflight
-                    .insert(unique, inflight_entry(&info, queue, request, None));
+                    .insert(unique, inflight_entry(&info, queue, request, sent));
                 return;
             }
             Link::Serving { driver, generation } => (driver.clone(), *generation),

@@ -54,7 +54,7 @@ impl Run<'_> {
         let (Some(pending), Some(s)) = (&self.announcing, &self.served) else {
             return;
         };
-        let holder = process::holder_of_socket(s.channel_inode);
+        let holder = process::holder_of_channel(s.channel_inode, &self.standby_processes());
         let serving = matches!(self.phase, Phase::Serving);
         if serving && Instant::now() < pending.until && !holder.is_some_and(|h| h.reading) {
             return;
@@ -183,7 +183,9 @@ impl Run<'_> {
 
     pub(super) fn reap(&mut self) {
         // Reap on every turn: a SIGCHLD can be coalesced with another.
-        for (pid, exit) in process::reap_all() {
+        let reaped = process::reap_all();
+        let any_reaped = !reaped.is_empty();
+        for (pid, exit) in reaped {
             tracing::debug!("pid {pid} ended with {exit}");
             if Some(pid) == self.standby_pid() {
                 if !self.standby_daemonized(exit) {
@@ -207,11 +209,54 @@ impl Run<'_> {
             if let (Phase::Serving | Phase::Recovering(Step::Restoring), Some(s)) =
                 (&self.phase, &self.served)
             {
-                if let Some(daemon) = process::holder_of_socket(s.channel_inode) {
+                if let Some(daemon) = process::holder_of_channel(s.channel_inode, &self.standby_processes()) {
                     tracing::info!("driver daemonized; pid {} serves the mount", daemon.pid);
                     self.board.update(|s| s.driver_pid = Some(daemon.pid));
                 }
             }
+        }
+        if any_reaped {
+            self.check_driver_beside();
+        }
+    }
+
+    /// Fast mode, once the failed driver is gone: the proxy serves the kernel's queue from now
+    /// on, with the requests the driver had read put back in it.
+    fn take_over_queue(&self) {
+        if let Some(s) = &self.served {
+            match s.proxy.take_over() {
+                Ok(true) => tracing::info!(
+                    "the proxy took the kernel's queue over from the failed driver; {} is \
+                     guarded from now on",
+                    s.mountpoint.display()
+                ),
+                Ok(false) => {}
+                Err(e) => tracing::error!("taking the kernel's queue over: {e}"),
+            }
+        }
+    }
+
+    /// Fast mode, after a process ended: no channel closes when a driver dies beside the path,
+    /// so its death is seen here, as no process of it holding the connection any more; an
+    /// unmount is seen as the connection's end.
+    fn check_driver_beside(&mut self) {
+        let Some(s) = self.served.as_ref().filter(|s| s.proxy.is_beside()) else {
+            return;
+        };
+        if !matches!(self.phase, Phase::Serving) {
+            return;
+        }
+        if s.proxy.kernel_gone() {
+            return self.on_proxy_event(ProxyEvent::KernelGone);
+        }
+        if process::holder_of_channel(0, &self.standby_processes()).is_none() {
+            let how = self
+                .driver_exit
+                .map_or_else(String::new, |e| format!(" ({e})"));
+            self.driver_failed(
+                &format!("no driver process holds the connection any more{how}"),
+                Cause::Crash,
+            );
         }
     }
 
@@ -273,6 +318,14 @@ impl Run<'_> {
                 }
             }),
             Phase::Serving => {
+                if self
+                    .served
+                    .as_ref()
+                    .is_some_and(|s| s.proxy.is_beside() && s.proxy.kernel_gone())
+                {
+                    self.on_proxy_event(ProxyEvent::KernelGone);
+                    return None;
+                }
                 let how = self
                     .driver_exit
                     .map_or_else(|| "exited".to_string(), |e| e.to_string());
@@ -282,6 +335,7 @@ impl Run<'_> {
             Phase::Recovering(Step::Reaping { kill_at, .. }) => {
                 // (`kill_at` is taken when the kill is sent.)
                 self.exited_by_itself = kill_at.is_some();
+                self.take_over_queue();
                 if self.reloading {
                     // Returns only if there is no successor to hand over to.
                     self.hand_over();

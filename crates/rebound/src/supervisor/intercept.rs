@@ -55,10 +55,15 @@ pub struct Mount {
     pub fstype: String,
     /// rebound's `/dev/fuse` descriptor for this mount.
     pub kernel: OwnedFd,
-    /// rebound's end of the driver's channel.
+    /// rebound's end of the driver's channel; in fast mode, rebound's reference to the
+    /// driver's own clone of `kernel`.
     pub channel: OwnedFd,
-    /// Inode of the driver's end of the channel, to find which process holds it.
+    /// Inode of the driver's end of the channel, to find which process holds it; 0 for a
+    /// clone of `kernel` (see [`process::holder_of_channel`]).
     pub channel_inode: u64,
+    /// Fast mode: the observer of the new connection, attached before the driver could
+    /// answer INIT. `None`: the driver got a channel (guarded mode).
+    pub observer: Option<rebound_observe::Observer>,
     /// The process that called `mount(2)`.
     pub caller: u32,
     /// The caller is a mount helper (`fusermount3`), not the driver itself.
@@ -102,16 +107,17 @@ pub struct Served<'a> {
 /// Handles one notification.
 /// With `sandboxed`, mounts other than FUSE mounts are refused (`EPERM`). `is_driver(tgid)`
 /// says whether a process is the driver's (a call on another process must reach only those).
-/// `modes` is (`sandboxed`, `learning`): with `learning`, a call of the deny list runs (and is
-/// reported).
+/// `modes` is (`sandboxed`, `learning`, `fast`): with `learning`, a call of the deny list runs
+/// (and is reported); with `fast`, a first mount gives the driver a clone of the kernel's
+/// connection instead of a channel, if the connection can be observed.
 pub fn handle(
     listener: BorrowedFd<'_>,
     notif: &Notification,
     served: Option<Served<'_>>,
-    modes: (bool, bool),
+    modes: (bool, bool, bool),
     is_driver: impl Fn(i32) -> bool,
 ) -> Intercepted {
-    let (sandboxed, learning) = modes;
+    let (sandboxed, learning, fast) = modes;
     let nr = i64::from(notif.data.nr);
     let ours = served.as_ref().map(|s| s.mountpoint);
     let recovering = served.as_ref().is_some_and(|s| s.recovering);
@@ -122,7 +128,7 @@ pub fn handle(
         }
         .map(|_| Intercepted::Other)
     } else if nr == seccomp::NR_MOUNT {
-        handle_mount(listener, notif, ours, recovering, sandboxed)
+        handle_mount(listener, notif, ours, recovering, (sandboxed, fast))
     } else if nr == seccomp::NR_UMOUNT2 {
         handle_umount(listener, notif, ours, recovering)
     } else if nr == seccomp::NR_IOCTL {
@@ -155,7 +161,7 @@ fn handle_mount(
     notif: &Notification,
     ours: Option<&Path>,
     recovering: bool,
-    sandboxed: bool,
+    (sandboxed, fast): (bool, bool),
 ) -> io::Result<Intercepted> {
     let call = match read_mount_call(notif) {
         Ok(call) => call,
@@ -215,7 +221,7 @@ fn handle_mount(
         seccomp::respond(listener, notif.id, -1, Errno::BUSY.raw_os_error())?;
         return Ok(Intercepted::Other);
     }
-    match mount_for_driver(listener, notif, &call) {
+    match mount_for_driver(listener, notif, &call, fast) {
         Ok(mount) => {
             seccomp::respond(listener, notif.id, 0, 0)?;
             Ok(Intercepted::Mounted(mount))
@@ -340,11 +346,14 @@ pub fn attach_standby(
 }
 
 /// Mounts with rebound's own `/dev/fuse` and gives the caller the channel in place of its
-/// descriptor. Fails with the errno the caller should see.
+/// descriptor, or with `fast`, a clone of rebound's connection once an observer is attached
+/// to it (failing that, the channel, and the reason is logged). Fails with the errno the
+/// caller should see.
 fn mount_for_driver(
     listener: BorrowedFd<'_>,
     notif: &Notification,
     call: &MountCall,
+    fast: bool,
 ) -> Result<Mount, Errno> {
     let (driver_fd, cloexec) = callers_fuse_fd(notif, call)?;
     let data = call.data.as_deref().unwrap_or_default();
@@ -364,10 +373,22 @@ fn mount_for_driver(
         rustix::mount::MountFlags::from_bits_retain(call.flags as _),
         to_c(data)?.as_c_str(),
     )?;
-    let (channel, channel_inode) = install_channel(listener, notif, driver_fd, cloexec)
-        .inspect_err(|_| {
-            let _ = rustix::mount::unmount(&call.target, rustix::mount::UnmountFlags::DETACH);
-        })?;
+    let observer = fast
+        .then(|| {
+            rebound_observe::Observer::attach(&call.target)
+                .inspect_err(|e| {
+                    tracing::warn!("mode = \"fast\" is not available here, serving guarded: {e}")
+                })
+                .ok()
+        })
+        .flatten();
+    let installed = match observer {
+        Some(_) => install_clone(listener, notif, kernel.as_fd(), driver_fd, cloexec),
+        None => install_channel(listener, notif, driver_fd, cloexec),
+    };
+    let (channel, channel_inode) = installed.inspect_err(|_| {
+        let _ = rustix::mount::unmount(&call.target, rustix::mount::UnmountFlags::DETACH);
+    })?;
     let by_helper = show_to_helper(notif.pid, &call.target);
     Ok(Mount {
         mountpoint: call.target.clone(),
@@ -375,9 +396,28 @@ fn mount_for_driver(
         kernel,
         channel,
         channel_inode,
+        observer,
         caller: notif.pid,
         by_helper,
     })
+}
+
+/// Puts a clone of `kernel` in place of the caller's descriptor `fd` (fast mode). Returns
+/// rebound's reference to that same open file, and 0 for the channel inode.
+fn install_clone(
+    listener: BorrowedFd<'_>,
+    notif: &Notification,
+    kernel: BorrowedFd<'_>,
+    fd: u32,
+    cloexec: bool,
+) -> Result<(OwnedFd, u64), Errno> {
+    let io_errno = |e: &io::Error| Errno::from_io_error(e).unwrap_or(Errno::IO);
+    let clone = rebound_sys::fuse_dev::clone_connection(kernel).map_err(|e| io_errno(&e))?;
+    seccomp::install_fd_as(listener, notif.id, clone.as_fd(), fd, cloexec).map_err(|e| {
+        tracing::warn!("could not hand the connection to pid {}: {e}", notif.pid);
+        io_errno(&e)
+    })?;
+    Ok((clone, 0))
 }
 
 fn handle_umount(

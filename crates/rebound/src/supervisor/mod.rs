@@ -617,11 +617,12 @@ impl Run<'_> {
                 .contains(&tgid)
         };
         let learning = self.learner.is_some();
+        let fast = self.config.mode == crate::config::Mode::Fast;
         match intercept::handle(
             self.listener.as_fd(),
             notif,
             ours,
-            (sandboxed, learning),
+            (sandboxed, learning, fast),
             is_driver,
         ) {
             Intercepted::Mounted(mount) => {
@@ -634,8 +635,17 @@ impl Run<'_> {
                     mount.caller
                 );
                 let tx = self.events_tx.take().context("second mount")?;
-                let proxy = Proxy::start(mount.kernel, mount.channel, tx, self.proxy_options())
-                    .context("starting the proxy")?;
+                let options = self.proxy_options();
+                let proxy = match mount.observer {
+                    Some(observer) => {
+                        tracing::info!(
+                            "fast mode: the driver serves the kernel's queue; rebound observes"
+                        );
+                        Proxy::start_beside(mount.kernel, mount.channel, observer, tx, options)
+                    }
+                    None => Proxy::start(mount.kernel, mount.channel, tx, options),
+                }
+                .context("starting the proxy")?;
                 self.board
                     .attach(proxy.stats.clone(), Box::new(proxy.held_objects_reader()));
                 self.board.update(|s| {

@@ -229,15 +229,20 @@ pub fn is_mount_helper(pid: i32) -> bool {
 }
 
 /// The descendant that serves the mount, of those holding a descriptor on the channel (the
-/// socket with inode `inode`). A driver's forks hold it too: lxcfs reads containers' figures
+/// socket with inode `inode`, or with `inode` 0, in fast mode, `/dev/fuse`: the driver's clone
+/// of the connection), of the descendants but those in `spare` (a standby successor holds a
+/// `/dev/fuse` of its own while it waits at its `mount(2)`). A driver's forks hold it too: lxcfs reads containers' figures
 /// in short-lived children, a helper (`fusermount3`) holds it while it hands it over, and a
 /// daemonizing driver holds it in parent and child for a moment. The serving one is the
 /// deepest with a thread waiting to read the channel; when none waits (all busy), the
 /// deepest that leads its session (rebound starts each driver in a session of its own, and a
 /// daemon calls `setsid`), else the shallowest.
-pub fn holder_of_socket(inode: u64) -> Option<ChannelHolder> {
-    let needle = format!("socket:[{inode}]");
-    let holders: Vec<(i32, Vec<u64>)> = descendants()
+pub fn holder_of_channel(inode: u64, spare: &[i32]) -> Option<ChannelHolder> {
+    let needle = match inode {
+        0 => "/dev/fuse".to_string(),
+        _ => format!("socket:[{inode}]"),
+    };
+    let holders: Vec<(i32, Vec<u64>)> = descendants_except(spare)
         .into_iter()
         .filter(|&pid| !is_mount_helper(pid))
         .filter_map(|pid| {
@@ -267,7 +272,7 @@ pub fn holder_of_socket(inode: u64) -> Option<ChannelHolder> {
         .or_else(|| leader().or(holders.first()).map(holder(false)))
 }
 
-/// The process `holder_of_socket` names, and whether it was seen waiting to read the channel
+/// The process `holder_of_channel` names, and whether it was seen waiting to read the channel
 /// (else it was a guess: a daemonizing driver's parent, say, which leads its session until it
 /// exits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,8 +284,9 @@ pub struct ChannelHolder {
 /// Whether a thread of `pid` waits in a read of one of the descriptors `fds`
 /// (`/proc/PID/task/TID/syscall`: the call's number and its first argument).
 fn reads_one_of(pid: i32, fds: &[u64]) -> bool {
-    const READS: [i64; 5] = [
+    const READS: [i64; 6] = [
         libc::SYS_read,
+        libc::SYS_splice,
         libc::SYS_readv,
         libc::SYS_recvfrom,
         libc::SYS_recvmsg,

@@ -226,6 +226,9 @@ impl Standby {
                 None => {}
             }
         }
+        // (A standby never mounts beside the path: it takes over from the proxy.)
+        let (sandboxed, learning) = modes;
+        let modes = (sandboxed, learning, false);
         intercept::handle(self.listener.as_fd(), &notif, None, modes, is_driver);
     }
 
@@ -308,7 +311,7 @@ impl Run<'_> {
             return false;
         }
         let theirs = self.standby_cgroup.as_ref().map(DriverCgroup::processes);
-        let Some(daemon) = process::holder_of_socket(channel_inode)
+        let Some(daemon) = process::holder_of_channel(channel_inode, &[])
             .map(|holder| holder.pid)
             .filter(|pid| theirs.as_ref().is_some_and(|t| t.contains(pid)))
         else {

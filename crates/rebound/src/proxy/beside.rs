@@ -1,0 +1,264 @@
+//! The fast path (`mode = "fast"`): while the first driver serves the kernel's queue itself,
+//! on a clone of rebound's connection, rebound stands beside the path. The observer
+//! (`rebound-observe`) reports each request that ended, with its reply, and each forget the
+//! driver read; they go to the [`ObjectTable`] as the forwarding threads would have recorded
+//! them, so that a failure finds the tracker as current as in guarded mode.
+//!
+//! When the driver fails, [`Proxy::take_over`] drains what is left, detaches the observer,
+//! puts back in the queue the requests the dead driver had read (`FUSE_NOTIFY_RESEND`: they
+//! are kept, because rebound holds the driver's device open) and starts the forwarding
+//! threads. From then on the mount is guarded, exactly as if it had been from the start: a
+//! new driver's ids differ from the kernel's, and only the proxy translates them.
+//!
+//! Owns: the observation thread, what an observed event changes, the take-over, and the hang
+//! check while beside. Must not: check replies (they reached the kernel before rebound saw
+//! them) or forward anything.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fuse_wire::abi::{size, ROOT_ID};
+use fuse_wire::ids::read_u64;
+use fuse_wire::{Opcode, OutHeader};
+use rebound_observe::{Event, Observer};
+use tracker::PendingChange;
+use zerocopy::FromBytes;
+
+use super::{
+    cache_root_attr, is_ours, note_removal_dir, Link, ProxyEvent, RequestInfo, Shared, NODEID_AT,
+};
+
+/// How often the observer's ring is drained: batches cost nothing a driver notices, a wake-up
+/// per event cost 0.41 of its stat speed (bench/results/fast-path-spike-2026-11-25.md).
+const DRAIN_EVERY: Duration = Duration::from_millis(20);
+
+/// What rebound keeps while the driver serves the kernel's queue.
+pub(super) struct Beside {
+    /// `None` once the proxy has taken over.
+    observer: Mutex<Option<Observer>>,
+    /// rebound's references to the driver's `/dev/fuse` descriptors: while one is open, the
+    /// requests the driver read stay with the kernel when the driver dies.
+    devices: Mutex<Vec<OwnedFd>>,
+    /// The connection's `waiting` counter (`/sys/fs/fuse/connections/N/waiting`).
+    waiting: std::path::PathBuf,
+    /// When a request last ended, for the hang check.
+    last_end: Mutex<Instant>,
+}
+
+impl Beside {
+    pub(super) fn new(observer: Observer, device: OwnedFd) -> Beside {
+        let connection = observer.connection();
+        Beside {
+            observer: Mutex::new(Some(observer)),
+            devices: Mutex::new(vec![device]),
+            waiting: format!("/sys/fs/fuse/connections/{connection}/waiting").into(),
+            last_end: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Whether the driver still serves the kernel's queue (the proxy has not taken over).
+    pub(super) fn active(&self) -> bool {
+        lock(&self.observer).is_some()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts the thread that drains the observer into the tracker until the take-over.
+pub(super) fn spawn_observation(shared: &Arc<Shared>) -> std::io::Result<()> {
+    let shared = shared.clone();
+    std::thread::Builder::new()
+        .name("observer".into())
+        .spawn(move || {
+            let mut readers = ForgetReaders::default();
+            loop {
+                std::thread::sleep(DRAIN_EVERY);
+                if !drain(&shared, &mut readers) {
+                    return;
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// Feeds what the observer holds to the tracker. Returns false once the proxy has taken over.
+fn drain(shared: &Shared, readers: &mut ForgetReaders) -> bool {
+    let Some(beside) = &shared.beside else {
+        return false;
+    };
+    // Held while the events are fed: a take-over waits for the batch under way.
+    let mut observer = lock(&beside.observer);
+    let Some(observer) = observer.as_mut() else {
+        return false;
+    };
+    let events = observer.drain();
+    let ended = events
+        .iter()
+        .filter(|e| matches!(e, Event::Request { .. }))
+        .count() as u64;
+    if ended > 0 {
+        *lock(&beside.last_end) = Instant::now();
+        // Counted as the proxy counts what it forwards: the status and the metrics show them.
+        shared.stats.requests.fetch_add(ended, Ordering::Relaxed);
+        shared.stats.replies.fetch_add(ended, Ordering::Relaxed);
+    }
+    for event in events {
+        match event {
+            Event::Request {
+                request,
+                mut reply,
+                cut,
+            } => observed_request(shared, &request, &mut reply, cut),
+            Event::Forget {
+                node,
+                count,
+                reader,
+            } if readers.is_driver(reader) => {
+                // The driver has it already; only the table's count drops.
+                let _ = shared.objects().forget(node, count);
+            }
+            Event::Forget { .. } => {}
+        }
+    }
+    true
+}
+
+/// Which processes that read forgets are the driver's: forgets of every FUSE connection are
+/// seen, and node ids of two connections may be equal.
+#[derive(Default)]
+struct ForgetReaders(HashMap<u32, bool>);
+
+impl ForgetReaders {
+    fn is_driver(&mut self, reader: u32) -> bool {
+        *self.0.entry(reader).or_insert_with(|| is_ours(reader))
+    }
+}
+
+/// Records a request the driver answered, as [`super::check_driver_message`] and
+/// [`super::on_request`] record one that crosses the proxy.
+fn observed_request(shared: &Shared, request: &[u8], reply: &mut [u8], cut: bool) {
+    let Ok(info) = RequestInfo::of(request) else {
+        tracing::warn!("observed an unparsable request; the tracker may be behind");
+        return;
+    };
+    let Ok((header, _)) = OutHeader::read_from_prefix(reply) else {
+        return;
+    };
+    if cut && matches!(info.change, PendingChange::ReaddirPlus { .. }) && header.error == 0 {
+        tracing::warn!(
+            "a READDIRPLUS reply was not seen whole: node ids it gave may not survive a \
+             restart of the driver"
+        );
+    }
+    if let Some((fh, dir)) = info.release {
+        let _ = shared.objects().release(fh, dir);
+    }
+    if header.error != 0 {
+        return;
+    }
+    if info.opcode == Some(Opcode::Init) {
+        return observed_init(shared, request, reply);
+    }
+    let body = &mut reply[size::OUT_HEADER..];
+    match info.opcode {
+        Some(Opcode::Setlk | Opcode::Setlkw) => {
+            // Taken again if the driver is restarted (`fh` leads fuse_lk_in).
+            if let Some(fh) = read_u64(request, size::IN_HEADER) {
+                shared.objects().locked(fh, request.to_vec().into());
+            }
+        }
+        Some(Opcode::Getattr) if read_u64(request, NODEID_AT) == Some(ROOT_ID) => {
+            cache_root_attr(shared, body);
+        }
+        _ => {}
+    }
+    if let PendingChange::Remove { parent, .. }
+    | PendingChange::Rename {
+        new_parent: parent,
+        ..
+    } = &info.change
+    {
+        note_removal_dir(shared, *parent);
+    }
+    if info.change != PendingChange::None {
+        shared.objects().on_success(info.change, body);
+    }
+}
+
+/// The first driver's INIT: kept to give to its successors (without what rebound never
+/// offers, since they serve behind the proxy), and its version.
+fn observed_init(shared: &Shared, request: &[u8], reply: &mut [u8]) {
+    let mut kept = request.to_vec();
+    fuse_wire::mask_init_request(&mut kept);
+    *lock(&shared.init) = Some(kept);
+    // (Read through the check a guarded INIT reply passes; the copy it changes is rebound's.)
+    match fuse_wire::fix_init_reply(reply, u32::MAX) {
+        Ok(init) => {
+            shared.minor.store(init.minor, Ordering::Relaxed);
+            tracing::info!(
+                "driver speaks FUSE 7.{} on the kernel's queue (fast mode), max_write {} bytes",
+                init.minor,
+                init.max_write
+            );
+        }
+        Err(e) => tracing::warn!("observed an INIT reply rebound cannot read: {e}"),
+    }
+    shared.report(ProxyEvent::Initialized);
+}
+
+/// The driver is gone (every process that held its device): the proxy takes the kernel's
+/// queue over. Returns false if it already had (or never stood beside).
+pub(super) fn take_over(shared: &Arc<Shared>) -> std::io::Result<bool> {
+    let Some(beside) = &shared.beside else {
+        return Ok(false);
+    };
+    {
+        let mut readers = ForgetReaders::default();
+        // The last batch: every request the kernel ended is in the ring by now.
+        drain(shared, &mut readers);
+        if lock(&beside.observer).take().is_none() {
+            return Ok(false);
+        }
+    }
+    {
+        let mut link = shared.link.write().unwrap_or_else(|e| e.into_inner());
+        if matches!(*link, Link::Beside) {
+            *link = Link::Recovering { attached: None };
+        }
+    }
+    // Back in the queue, with FUSE_UNIQUE_RESEND set in their unique: the requests the dead
+    // driver had read and not answered.
+    if let Err(e) = super::resend_requests(shared) {
+        tracing::error!(
+            "FUSE_NOTIFY_RESEND failed ({e}): requests the driver had read stay unanswered"
+        );
+    }
+    // Released only now: a release before the resend would end those requests with an error.
+    lock(&beside.devices).clear();
+    super::spawn_queue_readers(shared)?;
+    Ok(true)
+}
+
+/// While beside: whether the driver hangs (requests wait, and none has ended for `timeout`).
+pub(super) fn hang(beside: &Beside, timeout: Duration) -> Option<String> {
+    let quiet = lock(&beside.last_end).elapsed();
+    if quiet < timeout {
+        return None;
+    }
+    let waiting: u64 = std::fs::read_to_string(&beside.waiting)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    (waiting > 0).then(|| {
+        format!(
+            "hang: {waiting} requests waiting and none answered for {} ms",
+            quiet.as_millis()
+        )
+    })
+}
