@@ -370,7 +370,7 @@ def run(args, meta, sink):
             work = work_root / driver
             work.mkdir()
             mounts.Mount(driver, "direct", work).prepare(q["image"])  # mnt/, src/ or the image
-            config = f'mode = "{args.mode}"\n'
+            config = f'mode = "{args.mode}"\n' + os.environ.get("BENCH_EXTRA_CONFIG", "")
             targets = {kind: Target(driver, kind, work, sshd, config) for kind in TARGETS}
             targets["direct"].start()
             try:

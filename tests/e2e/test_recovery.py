@@ -46,6 +46,8 @@ DIR_DRIVERS = [d for d in DRIVERS if mounts.DRIVERS[d][1] == "dir"]
 # Drivers that really remove a file unlinked while open (libfuse's high-level API, under
 # fuse2fs and sshfs, renames it to .fuse_hidden* instead, which keeps it recoverable).
 UNLINKING_DRIVERS = ["passthrough_ll", "gofuse"]
+# Drivers fast mode serves (no redo log: its changes are not seen before the kernel's).
+FAST_DRIVERS = ["passthrough_ll", "gofuse"]
 
 SOAK = workloads.soak()
 IMAGE_SIZE = (1024 if SOAK else 256) * MiB   # fuse2fs's image: the tree must fit
@@ -194,6 +196,28 @@ def errname(code):
 @pytest.mark.parametrize("workload", workloads.WORKLOADS)
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_workload_survives_driver_failures(mount, tree_tarball, seed, driver, workload):
+    survives_failures(mount, tree_tarball, seed, driver, workload, chaos_config(driver))
+
+
+@pytest.mark.parametrize("workload", workloads.WORKLOADS)
+@pytest.mark.parametrize("driver", FAST_DRIVERS)
+def test_workload_survives_driver_failures_in_fast_mode(mount, tree_tarball, seed, driver,
+                                                        workload):
+    """The same chaos with the first driver on the kernel's queue (mode = "fast"): its
+    failure hands the queue to the proxy, with the requests it had read, and every later
+    driver is guarded."""
+    def went_fast(m):
+        log = m.output()
+        assert "the driver serves the kernel's queue" in log, explain(m, "fast mode not used")
+        assert "took the kernel's queue over" in log, explain(m, "the proxy never took over")
+
+    survives_failures(mount, tree_tarball, seed, driver, workload,
+                      chaos_config(driver) + toml(mode="fast"), also=went_fast)
+
+
+def survives_failures(mount, tree_tarball, seed, driver, workload, config, also=None):
+    """Runs `workload` on `driver` under rebound with `config` while chaos.py fails the driver
+    again and again; asserts that the application saw nothing, and what `also(mount)` does."""
     if workload == "tree" and (why := mounts.descriptor_shortfall(driver,
                                                                   len(tree_tarball.entries))):
         pytest.skip(why)
@@ -207,7 +231,7 @@ def test_workload_survives_driver_failures(mount, tree_tarball, seed, driver, wo
             assert not problems, "the backing directory differs from what the application " \
                                  "last saw:\n" + "\n".join(problems[:20])
 
-    with mount(driver, "rebound", config=chaos_config(driver), image_size=IMAGE_SIZE,
+    with mount(driver, "rebound", config=config, image_size=IMAGE_SIZE,
                watchdog=WATCHDOG, after_stop=backing_store_holds_the_result,
                reflink=driver == "fuse2fs") as m:
         wait_serving(m)
@@ -228,6 +252,8 @@ def test_workload_survives_driver_failures(mount, tree_tarball, seed, driver, wo
             "rebound status counts fewer failures than were injected\n" + why
         assert status["restarts"] >= 1, why
         assert status["last_failure"], why
+        if also is not None:
+            also(m)
 
 
 def storm_passed(m, result, injector, least=3):

@@ -159,7 +159,7 @@ impl Returns {
 /// The BPF program: foreign ABIs fail with `ENOSYS`, each of `denied` is reported (to be
 /// failed with `EPERM`), then the interception (see the module comment), and everything else
 /// is allowed.
-fn program(denied: &[u32]) -> Vec<libc::sock_filter> {
+fn program(denied: &[u32], splice: bool) -> Vec<libc::sock_filter> {
     const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
     const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
     const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
@@ -221,6 +221,12 @@ fn program(denied: &[u32]) -> Vec<libc::sock_filter> {
     }
     debug_assert_eq!(prog.len(), at + PROCESSES_LEN);
     debug_assert_eq!(first_arg + 2, at + OWN_PID_AT);
+    // No system call has this number: without `splice`, the splice test never matches.
+    let splice_nr = if splice {
+        libc::SYS_splice as u32
+    } else {
+        u32::MAX
+    };
     // The interception: offsets below are relative, and the part sits just before the
     // returns, so they are the same whatever the length of the deny list.
     prog.extend_from_slice(&[
@@ -233,7 +239,7 @@ fn program(denied: &[u32]) -> Vec<libc::sock_filter> {
         // splice(fd_in, off_in, fd_out, off_out, len, flags) into the channel has no offsets;
         // splices with an offset (file to pipe) never involve the channel.
         /* +6 */
-        jump(JEQ_K, libc::SYS_splice as u32, 0, 8), // not splice -> ALLOW
+        jump(JEQ_K, splice_nr, 0, 8), // not splice -> ALLOW
         /* +7 */ stmt(LD_W_ABS, arg_low(1)),
         /* +8 */ jump(JEQ_K, 0, 0, 6), // off_in set -> ALLOW
         /* +9 */ stmt(LD_W_ABS, arg_high(1)),
@@ -265,13 +271,15 @@ pub struct Filter {
 
 impl Filter {
     /// The interception filter, which also reports each system call of `denied` (for the
-    /// listener to fail with `EPERM`). Fails when `denied` is longer than [`MAX_DENIED`].
-    pub fn new(denied: &[u32]) -> io::Result<Filter> {
+    /// listener to fail with `EPERM`), and with `splice` the splices that may involve the
+    /// channel (a driver that holds a real `/dev/fuse`, beside rebound's path, has none).
+    /// Fails when `denied` is longer than [`MAX_DENIED`].
+    pub fn new(denied: &[u32], splice: bool) -> io::Result<Filter> {
         if denied.len() > MAX_DENIED {
             return Err(io::Error::other("too many system calls to deny"));
         }
         Ok(Filter {
-            program: program(denied),
+            program: program(denied, splice),
         })
     }
 
@@ -447,7 +455,7 @@ mod tests {
             &[libc::SYS_reboot as u32, libc::SYS_bpf as u32],
             &longest,
         ] {
-            let mut filter = Filter::new(denied).unwrap();
+            let mut filter = Filter::new(denied, true).unwrap();
             filter.own_pid(own);
             let call = |nr: i64, args: [i64; 6]| run(&filter.program, AUDIT_ARCH, nr, args);
             let none = [0; 6];
@@ -490,8 +498,8 @@ mod tests {
                 assert_eq!(call(nr, none), notify, "{nr}");
             }
         }
-        assert!(Filter::new(&longest[..MAX_DENIED]).is_ok());
-        assert!(Filter::new(&[0; MAX_DENIED + 1]).is_err());
+        assert!(Filter::new(&longest[..MAX_DENIED], true).is_ok());
+        assert!(Filter::new(&[0; MAX_DENIED + 1], true).is_err());
     }
 
     #[test]

@@ -29,8 +29,9 @@ pub fn spawn_intercepted(
     command: &mut Command,
     sandbox: &Sandbox,
     denied: &[u32],
+    splice: bool,
 ) -> io::Result<(Child, OwnedFd)> {
-    let ours = prepare(command, sandbox, denied, None)?;
+    let ours = prepare(command, sandbox, (denied, splice), None)?;
     let child = command.spawn()?;
     let (_, listener) = receive_fd(ours.as_fd())?;
     Ok((child, listener))
@@ -58,7 +59,7 @@ pub fn spawn_gated(
 ) -> io::Result<Gated> {
     let (gate_rx, gate) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
     let gate_fds = (gate_rx.as_raw_fd(), gate.as_raw_fd());
-    let ours = prepare(&mut command, sandbox, denied, Some(gate_fds))?;
+    let ours = prepare(&mut command, sandbox, (denied, true), Some(gate_fds))?;
     let thread = std::thread::Builder::new()
         .name("driver-exec".into())
         .spawn(move || {
@@ -81,11 +82,11 @@ pub fn spawn_gated(
 fn prepare(
     command: &mut Command,
     sandbox: &Sandbox,
-    denied: &[u32],
+    (denied, splice): (&[u32], bool),
     gate: Option<(RawFd, RawFd)>,
 ) -> io::Result<OwnedFd> {
     // Both are prepared here: the child allocates nothing.
-    let mut filter = seccomp::Filter::new(denied)?;
+    let mut filter = seccomp::Filter::new(denied, splice)?;
     let sandbox = sandbox.clone();
     let (ours, theirs) = socketpair(
         AddressFamily::UNIX,

@@ -179,8 +179,7 @@ fn observed_request(shared: &Shared, request: &[u8], reply: &mut [u8], cut: bool
     }
     if let PendingChange::Remove { parent, .. }
     | PendingChange::Rename {
-        new_parent: parent,
-        ..
+        new_parent: parent, ..
     } = &info.change
     {
         note_removal_dir(shared, *parent);

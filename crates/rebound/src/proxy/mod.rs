@@ -447,9 +447,15 @@ impl Proxy {
         options: ProxyOptions,
     ) -> io::Result<Proxy> {
         let beside = beside::Beside::new(observer, device);
-        let proxy = Proxy::launch(kernel_queues(kernel), events, &options, Link::Beside, |shared| {
-            shared.beside = Some(beside);
-        })?;
+        let proxy = Proxy::launch(
+            kernel_queues(kernel),
+            events,
+            &options,
+            Link::Beside,
+            |shared| {
+                shared.beside = Some(beside);
+            },
+        )?;
         beside::spawn_observation(&proxy.shared)?;
         Ok(proxy)
     }
@@ -469,7 +475,10 @@ impl Proxy {
 
     /// Whether the driver serves the kernel's queue itself (fast mode, before any failure).
     pub fn is_beside(&self) -> bool {
-        self.shared.beside.as_ref().is_some_and(beside::Beside::active)
+        self.shared
+            .beside
+            .as_ref()
+            .is_some_and(beside::Beside::active)
     }
 
     /// Fast mode, once the failed driver's processes are all gone: the proxy takes the

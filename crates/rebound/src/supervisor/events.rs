@@ -209,7 +209,9 @@ impl Run<'_> {
             if let (Phase::Serving | Phase::Recovering(Step::Restoring), Some(s)) =
                 (&self.phase, &self.served)
             {
-                if let Some(daemon) = process::holder_of_channel(s.channel_inode, &self.standby_processes()) {
+                if let Some(daemon) =
+                    process::holder_of_channel(s.channel_inode, &self.standby_processes())
+                {
                     tracing::info!("driver daemonized; pid {} serves the mount", daemon.pid);
                     self.board.update(|s| s.driver_pid = Some(daemon.pid));
                 }

@@ -33,7 +33,7 @@ use crate::supervisor::targets::{self, Verdict};
 /// The outcome of one intercepted system call.
 pub enum Intercepted {
     /// The driver's FUSE mount is in place; rebound holds the kernel end.
-    Mounted(Mount),
+    Mounted(Box<Mount>),
     /// A restarted driver mounted again: it got a new channel, and the kernel's mount stays.
     Reattached {
         /// rebound's end of the new channel.
@@ -224,7 +224,7 @@ fn handle_mount(
     match mount_for_driver(listener, notif, &call, fast) {
         Ok(mount) => {
             seccomp::respond(listener, notif.id, 0, 0)?;
-            Ok(Intercepted::Mounted(mount))
+            Ok(Intercepted::Mounted(Box::new(mount)))
         }
         Err(errno) => {
             seccomp::respond(listener, notif.id, -1, errno.raw_os_error())?;

@@ -244,7 +244,7 @@ pub fn run(
             MountPoint::Unknown,
             cgroup.as_ref(),
             log_label.clone(),
-            false,
+            (false, config.mode == crate::config::Mode::Fast),
         )),
     };
     let (pid, listener, logger, hidden) = match started {
@@ -483,13 +483,16 @@ pub fn run(
 /// fusermount enters it) must not become a request to the mount it is about to serve, which
 /// waits for it (and may hold the directory's lock that the driver's own listing then waits
 /// for).
+///
+/// `gated`: held before `exec` (a standby). `beside`: the first driver of fast mode, which gets
+/// a real `/dev/fuse` clone: its splices need no interception.
 fn start_driver(
     config: &Config,
     driver: &DriverCommand,
     mountpoint: MountPoint<'_>,
     cgroup: Option<&DriverCgroup>,
     log_label: Arc<Mutex<String>>,
-    gated: bool,
+    (gated, beside): (bool, bool),
 ) -> anyhow::Result<Started> {
     let mut command = driver.command();
     command.stderr(std::process::Stdio::piped());
@@ -531,7 +534,7 @@ fn start_driver(
         });
     }
     let (mut child, listener) =
-        spawn::spawn_intercepted(&mut command, &prepared.sandbox, &prepared.denied)
+        spawn::spawn_intercepted(&mut command, &prepared.sandbox, &prepared.denied, !beside)
             .with_context(cannot)?;
     let stderr = child.stderr.take().context("the driver's stderr")?;
     let logger = std::thread::Builder::new()

@@ -346,7 +346,7 @@ impl Run<'_> {
             view,
             self.standby_cgroup.as_ref().or(self.cgroup.as_ref()),
             label.clone(),
-            gated,
+            (gated, false),
         );
         match started {
             Ok(started) => {

@@ -154,7 +154,7 @@ impl Run<'_> {
                     view,
                     self.cgroup.as_ref(),
                     self.log_label.clone(),
-                    false,
+                    (false, false),
                 )?;
                 self.stderr_loggers.push(logger);
                 tracing::info!("restarted driver `{}` as pid {pid}", self.command.name);
