@@ -28,7 +28,7 @@ use tracker::PendingChange;
 use zerocopy::FromBytes;
 
 use super::{
-    cache_root_attr, is_ours, note_removal_dir, Link, ProxyEvent, RequestInfo, Shared, NODEID_AT,
+    cache_root_attr, commit_change, is_ours, Link, ProxyEvent, RequestInfo, Shared, NODEID_AT,
 };
 
 /// How often the observer's ring is drained: batches cost nothing a driver notices, a wake-up
@@ -177,16 +177,7 @@ fn observed_request(shared: &Shared, request: &[u8], reply: &mut [u8], cut: bool
         }
         _ => {}
     }
-    if let PendingChange::Remove { parent, .. }
-    | PendingChange::Rename {
-        new_parent: parent, ..
-    } = &info.change
-    {
-        note_removal_dir(shared, *parent);
-    }
-    if info.change != PendingChange::None {
-        shared.objects().on_success(info.change, body);
-    }
+    commit_change(shared, &info.change, body);
 }
 
 /// The first driver's INIT: kept to give to its successors (without what rebound never

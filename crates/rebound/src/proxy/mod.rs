@@ -1605,16 +1605,7 @@ fn check_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) -> Opt
             // Before the commit, while names still lead where the request found them.
             record_mutation(shared, &request, body);
         }
-        if let PendingChange::Remove { parent, .. }
-        | PendingChange::Rename {
-            new_parent: parent, ..
-        } = &request.change
-        {
-            note_removal_dir(shared, *parent);
-        }
-        if request.change != PendingChange::None {
-            shared.objects().on_success(request.change.clone(), body);
-        }
+        commit_change(shared, &request.change, body);
         if matches!(
             Opcode::from_raw(request.opcode),
             Some(Opcode::Setlk | Opcode::Setlkw)
@@ -1645,6 +1636,21 @@ fn kernel_bytes(request: &Inflight) -> Vec<u8> {
     let mut bytes = request.request.bytes().to_vec();
     request.request.patches.undo(&mut bytes);
     bytes
+}
+
+/// Records in the tracker a change the driver made, with its reply's `body` (whose ids become
+/// the kernel's).
+fn commit_change(shared: &Shared, change: &PendingChange, body: &mut [u8]) {
+    if let PendingChange::Remove { parent, .. }
+    | PendingChange::Rename {
+        new_parent: parent, ..
+    } = change
+    {
+        note_removal_dir(shared, *parent);
+    }
+    if *change != PendingChange::None {
+        shared.objects().on_success(change.clone(), body);
+    }
 }
 
 /// A name was removed (or replaced) in the kernel's directory `dir`.
