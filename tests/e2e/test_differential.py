@@ -3,7 +3,8 @@
 Owns: replaying fsops on each driver (a fresh backing directory or image per mount) and
 comparing (1) a direct mount with a plain local directory, up to each driver's documented
 deviations, which checks that the script and the fixtures test what they claim, and (2) the
-rebound mount with the direct mount, which must match exactly.
+rebound mount with the direct mount, which must match exactly, in both of rebound's modes
+(guarded, and fast: the driver on the kernel's queue with rebound beside it).
 """
 
 import difflib
@@ -144,3 +145,13 @@ def test_rebound_matches_direct(mount, driver):
     direct = run_as_root_and_user(mount, driver, "direct")
     rebound = run_as_root_and_user(mount, driver, "rebound")
     assert_same(driver, direct, rebound)
+
+
+@pytest.mark.rebound
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_fast_mode_matches_direct(mount, driver):
+    """The same in fast mode (`mode = "fast"`: the driver serves the kernel's queue, rebound
+    observes beside it): identical results to a direct mount."""
+    direct = run_as_root_and_user(mount, driver, "direct")
+    fast = run_as_root_and_user(mount, driver, "rebound", config='mode = "fast"\n')
+    assert_same(driver, direct, fast)

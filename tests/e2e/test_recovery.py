@@ -47,7 +47,10 @@ DIR_DRIVERS = [d for d in DRIVERS if mounts.DRIVERS[d][1] == "dir"]
 # fuse2fs and sshfs, renames it to .fuse_hidden* instead, which keeps it recoverable).
 UNLINKING_DRIVERS = ["passthrough_ll", "gofuse"]
 # Drivers fast mode serves (no redo log: its changes are not seen before the kernel's).
-FAST_DRIVERS = ["passthrough_ll", "gofuse"]
+FAST_DRIVERS = ["passthrough_ll", "passthrough_ll-clone_fd", "gofuse"]
+# Every workload on the first, the model on the others (the default suite's time).
+FAST_CASES = ([(FAST_DRIVERS[0], w) for w in workloads.WORKLOADS]
+              + [(d, "model") for d in FAST_DRIVERS[1:]])
 
 SOAK = workloads.soak()
 IMAGE_SIZE = (1024 if SOAK else 256) * MiB   # fuse2fs's image: the tree must fit
@@ -199,8 +202,7 @@ def test_workload_survives_driver_failures(mount, tree_tarball, seed, driver, wo
     survives_failures(mount, tree_tarball, seed, driver, workload, chaos_config(driver))
 
 
-@pytest.mark.parametrize("workload", workloads.WORKLOADS)
-@pytest.mark.parametrize("driver", FAST_DRIVERS)
+@pytest.mark.parametrize("driver,workload", FAST_CASES)
 def test_workload_survives_driver_failures_in_fast_mode(mount, tree_tarball, seed, driver,
                                                         workload):
     """The same chaos with the first driver on the kernel's queue (mode = "fast"): its

@@ -6,7 +6,7 @@
 //! read the request. rebound gives each clone its own forwarding thread.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use rustix::fs::{open, Mode, OFlags};
 
@@ -16,6 +16,13 @@ const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
 /// Opens a new `/dev/fuse` descriptor attached to the connection of `master`.
 pub fn clone_connection(master: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     let clone = open("/dev/fuse", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
+    attach_to_connection(clone.as_fd(), master)?;
+    Ok(clone)
+}
+
+/// Attaches `clone`, a `/dev/fuse` opened and not yet used (a driver's, taken with
+/// `pidfd_getfd`), to the connection of `master`.
+pub fn attach_to_connection(clone: BorrowedFd<'_>, master: BorrowedFd<'_>) -> io::Result<()> {
     let mut master_fd = master.as_raw_fd() as u32;
     // SAFETY: the ioctl reads one u32 (the master descriptor number) from the pointer, which
     // points at a live local; both descriptors are open for the duration of the call.
@@ -29,7 +36,7 @@ pub fn clone_connection(master: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(clone)
+    Ok(())
 }
 
 /// Keeps `/dev/fuse` descriptors across `execve` (a successor rebound takes the mount over:

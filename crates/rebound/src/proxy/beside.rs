@@ -42,8 +42,8 @@ pub(super) struct Beside {
     /// rebound's references to the driver's `/dev/fuse` descriptors: while one is open, the
     /// requests the driver read stay with the kernel when the driver dies.
     devices: Mutex<Vec<OwnedFd>>,
-    /// The connection's `waiting` counter (`/sys/fs/fuse/connections/N/waiting`).
-    waiting: std::path::PathBuf,
+    /// The connection's directory in fusectl (`/sys/fs/fuse/connections/N`).
+    control: std::path::PathBuf,
     /// When a request last ended, for the hang check.
     last_end: Mutex<Instant>,
 }
@@ -54,9 +54,23 @@ impl Beside {
         Beside {
             observer: Mutex::new(Some(observer)),
             devices: Mutex::new(vec![device]),
-            waiting: format!("/sys/fs/fuse/connections/{connection}/waiting").into(),
+            control: format!("/sys/fs/fuse/connections/{connection}").into(),
             last_end: Mutex::new(Instant::now()),
         }
+    }
+
+    /// Ends the connection (fusectl's `abort`): the driver's reads fail with `ENODEV`, as
+    /// they do once a mount is gone. A driver that unmounted waits for that, and a copy of the
+    /// mount in its own namespace (see `supervisor::intercept`) keeps the connection open.
+    pub(super) fn end_connection(&self) {
+        if let Err(e) = std::fs::write(self.control.join("abort"), "1") {
+            tracing::warn!("ending the connection through fusectl: {e}");
+        }
+    }
+
+    /// Keeps a reference to another of the driver's descriptors on the connection.
+    pub(super) fn keep_device(&self, device: OwnedFd) {
+        lock(&self.devices).push(device);
     }
 
     /// Whether the driver still serves the kernel's queue (the proxy has not taken over).
@@ -240,7 +254,7 @@ pub(super) fn hang(beside: &Beside, timeout: Duration) -> Option<String> {
     if quiet < timeout {
         return None;
     }
-    let waiting: u64 = std::fs::read_to_string(&beside.waiting)
+    let waiting: u64 = std::fs::read_to_string(beside.control.join("waiting"))
         .ok()?
         .trim()
         .parse()

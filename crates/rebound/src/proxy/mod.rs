@@ -473,6 +473,19 @@ impl Proxy {
             && fds[0].revents().contains(PollFlags::ERR)
     }
 
+    /// Fast mode: attaches `file`, the driver's new `/dev/fuse` (its `FUSE_DEV_IOC_CLONE`), to
+    /// the connection, and keeps a reference to it (see [`beside`]).
+    pub fn clone_for_driver(&self, file: OwnedFd) -> io::Result<()> {
+        let beside = self
+            .shared
+            .beside
+            .as_ref()
+            .ok_or_else(|| io::Error::other("not in fast mode"))?;
+        rebound_sys::fuse_dev::attach_to_connection(file.as_fd(), self.shared.queues[0].as_fd())?;
+        beside.keep_device(file);
+        Ok(())
+    }
+
     /// Whether the driver serves the kernel's queue itself (fast mode, before any failure).
     pub fn is_beside(&self) -> bool {
         self.shared
@@ -576,9 +589,13 @@ impl Proxy {
     }
 
     /// Tells the current driver its connection is over: its reads on the channel return 0
-    /// from now on, as reads of `/dev/fuse` fail once a mount is gone. Drivers that wait for
+    /// from now on, as reads of `/dev/fuse` fail once a mount is gone (in fast mode, the
+    /// connection itself is ended). Drivers that wait for
     /// their reader threads before exiting (go-fuse) need this.
     pub fn disconnect_driver(&self) {
+        if let Some(beside) = self.shared.beside.as_ref().filter(|b| b.active()) {
+            return beside.end_connection();
+        }
         if let Some((driver, _)) = self.shared.link().current() {
             let _ = rustix::net::shutdown(&**driver, rustix::net::Shutdown::Both);
         }

@@ -132,7 +132,7 @@ pub fn handle(
     } else if nr == seccomp::NR_UMOUNT2 {
         handle_umount(listener, notif, ours, recovering)
     } else if nr == seccomp::NR_IOCTL {
-        handle_clone(listener, notif, served.map(|s| s.channel_inode))
+        handle_clone(listener, notif, served)
     } else if nr == seccomp::NR_SPLICE {
         handle_splice(listener, notif, served)
     } else if let Some(name) = sandbox::denied_name(nr) {
@@ -456,12 +456,15 @@ fn handle_umount(
 /// `clone_fd`) asks for one more descriptor on its connection. When `master` is the driver's
 /// channel, `new_fd` becomes another descriptor on that same channel: as on a cloned
 /// `/dev/fuse`, readers share the requests, and a reply written on any descriptor reaches
-/// rebound, which routes it.
+/// rebound, which routes it. In fast mode, where `master` is the driver's clone of the kernel's
+/// connection, rebound makes the clone itself and keeps a reference to it, so that the
+/// requests read through it outlive the driver as those read through the first one do.
 fn handle_clone(
     listener: BorrowedFd<'_>,
     notif: &Notification,
-    channel_inode: Option<u64>,
+    served: Option<Served<'_>>,
 ) -> io::Result<Intercepted> {
+    let channel_inode = served.as_ref().map(|s| s.channel_inode);
     let pid = notif.pid;
     let new_fd = notif.data.args[0] as u32;
     let master = File::open(format!("/proc/{pid}/mem")).and_then(|mem| {
@@ -477,7 +480,38 @@ fn handle_clone(
         seccomp::respond(listener, notif.id, -1, Errno::FAULT.raw_os_error())?;
         return Ok(Intercepted::Other);
     };
-    if !seccomp::id_valid(listener, notif.id) || !is_channel(master) {
+    if !seccomp::id_valid(listener, notif.id) {
+        return Ok(Intercepted::Other);
+    }
+    let beside = served.as_ref().filter(|s| s.proxy.is_beside());
+    if let Some(served) = beside {
+        let adopted = (|| -> io::Result<()> {
+            let pidfd = rustix::process::pidfd_open(
+                thread_group_of(pid)?,
+                rustix::process::PidfdFlags::empty(),
+            )?;
+            let file = rustix::process::pidfd_getfd(
+                &pidfd,
+                new_fd as i32,
+                rustix::process::PidfdGetfdFlags::empty(),
+            )?;
+            served.proxy.clone_for_driver(file)
+        })();
+        return match adopted {
+            Ok(()) => {
+                seccomp::respond(listener, notif.id, 0, 0)?;
+                tracing::debug!("pid {pid}: fd {new_fd} cloned from the connection");
+                Ok(Intercepted::Other)
+            }
+            Err(e) => {
+                tracing::warn!("pid {pid}: cloning the connection failed: {e}");
+                let errno = e.raw_os_error().unwrap_or(Errno::IO.raw_os_error());
+                seccomp::respond(listener, notif.id, -1, errno)?;
+                Ok(Intercepted::Other)
+            }
+        };
+    }
+    if !is_channel(master) {
         seccomp::respond_continue(listener, notif.id)?;
         return Ok(Intercepted::Other);
     }
