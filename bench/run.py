@@ -92,6 +92,11 @@ class Target:
                                   watchdog=300.0)  # a hung workload fails, not the run
         try:
             self.mount.start()
+            if self.kind == "rebound":
+                # The mount is usable as soon as the driver's mount(2) returns; rebound's
+                # status names it a moment later (its counters are read from there).
+                wait_for(lambda: (rebound_status(self.mnt) or {}).get("ready"), 10,
+                         "rebound status: ready")
         except BaseException:
             self.abandon()
             raise

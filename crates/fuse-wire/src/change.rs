@@ -148,6 +148,26 @@ impl Request<'_> {
     }
 }
 
+/// The opcodes whose requests can change what the kernel holds through a driver (a
+/// [`Change`] other than none, FORGETs aside): names, nodes and handles.
+pub const CHANGING: [Opcode; 15] = [
+    Opcode::Lookup,
+    Opcode::Mknod,
+    Opcode::Mkdir,
+    Opcode::Symlink,
+    Opcode::Link,
+    Opcode::Create,
+    Opcode::Unlink,
+    Opcode::Rmdir,
+    Opcode::Rename,
+    Opcode::Rename2,
+    Opcode::Open,
+    Opcode::Opendir,
+    Opcode::Release,
+    Opcode::Releasedir,
+    Opcode::Readdirplus,
+];
+
 /// The node id a successful entry reply (LOOKUP, MKNOD, MKDIR, SYMLINK, LINK, CREATE) names.
 pub fn entry_node(reply_body: &[u8]) -> Option<u64> {
     // `nodeid` is the first field of fuse_entry_out in every layout.

@@ -31,8 +31,10 @@ static long (*bpf_probe_read_user)(void *dst, __u32 size, const void *src) = (vo
 static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
 static void *(*bpf_get_current_task_btf)(void) = (void *)158;
 static void *(*bpf_task_pt_regs)(void *task) = (void *)175;
+static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
 #define BPF_RB_NO_WAKEUP 1
 #define BPF_MAP_TYPE_RINGBUF 27
+#define BPF_MAP_TYPE_ARRAY 2
 
 struct fuse_in_header { __u32 len; __u32 opcode; __u64 unique; __u64 nodeid; __u32 uid;
                         __u32 gid; __u32 pid; __u16 total_extlen; __u16 padding; } CORE;
@@ -50,7 +52,9 @@ struct fuse_forget_link { struct fuse_forget_one forget_one; } CORE;
 struct pt_regs { unsigned long dx; unsigned long si; unsigned long orig_ax; } CORE;
 struct iovec { void *iov_base; __u64 iov_len; };
 
+#define FUSE_GETATTR 3
 #define FUSE_READDIRPLUS 44
+#define ROOT_ID 1
 #define NR_WRITE 1
 #define NR_WRITEV 20
 
@@ -71,6 +75,9 @@ struct iovec { void *iov_base; __u64 iov_len; };
 const volatile __u32 CONNECTION = 0;
 const volatile __u64 READ_LO = 0;
 const volatile __u64 READ_HI = 0;
+// Opcodes (below 64) whose requests are copied; the others are only counted. GETATTR of the
+// root is copied always (rebound answers it for the driver while one restarts).
+const volatile __u64 WANTED = ~0ULL;
 
 // Bounds of what one event carries; each argument is cut to ARG_MAX bytes.
 #define ARG_MAX 511
@@ -104,6 +111,14 @@ struct {
     __uint(type, BPF_MAP_TYPE_RINGBUF);
     __uint(max_entries, 4 << 20);
 } events SEC(".maps");
+
+// The connection's requests that ended, copied or not.
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __u32 *key;
+    __u64 *value;
+} ended SEC(".maps");
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -181,10 +196,20 @@ int request_end(__u64 *ctx)
     READ(dev, fc->dev);
     if (dev != CONNECTION)
         return 0;
-    READ(args, req->args);
+    __u32 zero = 0;
+    __u64 *count = bpf_map_lookup_elem(&ended, &zero);
+    if (count)
+        __sync_fetch_and_add(count, 1);
     __u32 opcode = 0;
-    __s32 error = 0;
+    __u64 nodeid = 0;
     READ(opcode, req->in.h.opcode);
+    READ(nodeid, req->in.h.nodeid);
+    int wanted = opcode >= 64 || (WANTED >> opcode) & 1 ||
+                 (opcode == FUSE_GETATTR && nodeid == ROOT_ID);
+    if (!wanted)
+        return 0;
+    READ(args, req->args);
+    __s32 error = 0;
     READ(error, req->out.h.error);
     __u32 kind = opcode == FUSE_READDIRPLUS && error == 0 ? ENTRIES_END : REQUEST_END;
     struct event *e = new_event(kind);

@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use aya::maps::{MapData, RingBuf};
+use aya::maps::{Array, MapData, RingBuf};
 use aya::programs::BtfTracePoint;
 use aya::{Btf, Ebpf, EbpfLoader};
 
@@ -62,18 +62,22 @@ pub struct Observer {
     /// Holds the programs attached.
     _bpf: Ebpf,
     ring: RingBuf<MapData>,
+    ended: Array<MapData, u64>,
     connection: u32,
 }
 
 impl Observer {
-    /// Attaches to the FUSE connection mounted at `mountpoint`.
-    pub fn attach(mountpoint: &Path) -> Result<Observer, ObserveError> {
+    /// Attaches to the FUSE connection mounted at `mountpoint`, to report the requests of
+    /// the opcodes in `wanted` (bit N: opcode N; opcodes from 64 up always), and GETATTR of
+    /// the root; the others are only counted ([`Observer::ended`]).
+    pub fn attach(mountpoint: &Path, wanted: u64) -> Result<Observer, ObserveError> {
         let connection = connection_of(mountpoint)?;
         let (read_lo, read_hi) = forget_site()?;
         let mut bpf = EbpfLoader::new()
             .set_global("CONNECTION", &connection, true)
             .set_global("READ_LO", &read_lo, true)
             .set_global("READ_HI", &read_hi, true)
+            .set_global("WANTED", &wanted, true)
             .load(PROGRAM)
             .map_err(|e| ObserveError::Load(e.to_string()))?;
         let btf = Btf::from_sys_fs().map_err(|e| ObserveError::Load(e.to_string()))?;
@@ -93,6 +97,10 @@ impl Observer {
             };
             attach(&mut bpf).map_err(|e| ObserveError::Attach(tracepoint, e))?;
         }
+        let ended = bpf
+            .take_map("ended")
+            .ok_or_else(|| ObserveError::Load("no map `ended`".into()))?;
+        let ended = Array::try_from(ended).map_err(|e| ObserveError::Load(e.to_string()))?;
         let map = bpf
             .take_map("events")
             .ok_or_else(|| ObserveError::Load("no map `events`".into()))?;
@@ -100,8 +108,14 @@ impl Observer {
         Ok(Observer {
             _bpf: bpf,
             ring,
+            ended,
             connection,
         })
+    }
+
+    /// How many of the connection's requests have ended since the attach, reported or not.
+    pub fn ended(&self) -> u64 {
+        self.ended.get(&0, 0).unwrap_or(0)
     }
 
     /// The connection observed, as the kernel numbers it (`fc->dev`; its directory in

@@ -83,6 +83,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The opcodes the observer reports (see `rebound_observe::Observer::attach`): those that
+/// change what the tracker holds, INIT, and the locks taken again after a restart.
+pub fn observed_opcodes() -> u64 {
+    fuse_wire::change::CHANGING
+        .iter()
+        .chain(&[Opcode::Init, Opcode::Setlk, Opcode::Setlkw])
+        .fold(0, |mask, &op| mask | 1 << (op as u32))
+}
+
 /// Starts the thread that drains the observer into the tracker until the take-over.
 pub(super) fn spawn_observation(shared: &Arc<Shared>) -> std::io::Result<()> {
     let shared = shared.clone();
@@ -111,15 +120,12 @@ fn drain(shared: &Shared, readers: &mut ForgetReaders) -> bool {
         return false;
     };
     let events = observer.drain();
-    let ended = events
-        .iter()
-        .filter(|e| matches!(e, Event::Request { .. }))
-        .count() as u64;
-    if ended > 0 {
+    // Counted as the proxy counts what it forwards: the status and the metrics show them.
+    let ended = observer.ended();
+    let before = shared.stats.requests.swap(ended, Ordering::Relaxed);
+    if ended != before {
         *lock(&beside.last_end) = Instant::now();
-        // Counted as the proxy counts what it forwards: the status and the metrics show them.
-        shared.stats.requests.fetch_add(ended, Ordering::Relaxed);
-        shared.stats.replies.fetch_add(ended, Ordering::Relaxed);
+        shared.stats.replies.store(ended, Ordering::Relaxed);
     }
     for event in events {
         match event {
@@ -265,4 +271,26 @@ pub(super) fn hang(beside: &Beside, timeout: Duration) -> Option<String> {
             quiet.as_millis()
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_observer_reports_what_changes_the_tracker_and_not_the_data_path() {
+        let mask = observed_opcodes();
+        let has = |op: Opcode| mask & 1 << (op as u32) != 0;
+        for op in [
+            Opcode::Lookup,
+            Opcode::Create,
+            Opcode::Readdirplus,
+            Opcode::Init,
+        ] {
+            assert!(has(op), "{op:?}");
+        }
+        for op in [Opcode::Read, Opcode::Write, Opcode::Getattr, Opcode::Statfs] {
+            assert!(!has(op), "{op:?}");
+        }
+    }
 }

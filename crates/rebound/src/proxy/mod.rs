@@ -40,6 +40,7 @@ use tracker::{
 use zerocopy::FromBytes;
 
 use crate::checkpoint::ImageCheckpoint;
+pub use beside::observed_opcodes;
 pub use handover::HandOver;
 use notifications::NotificationQueue;
 use private::PrivateCalls;

@@ -375,7 +375,7 @@ fn mount_for_driver(
     )?;
     let observer = fast
         .then(|| {
-            rebound_observe::Observer::attach(&call.target)
+            rebound_observe::Observer::attach(&call.target, crate::proxy::observed_opcodes())
                 .inspect_err(|e| {
                     tracing::warn!("mode = \"fast\" is not available here, serving guarded: {e}")
                 })
