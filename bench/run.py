@@ -10,6 +10,9 @@ helpers the recovery benchmark shares (the rebound binary, its status).
 
     bench/run.py [--drivers passthrough_ll,fuse2fs,sshfs] [--reps 3] [--quick] [--out DIR]
                  [--mode guarded|fast]   (rebound's data path: `mode` in its config)
+
+BENCH_EXTRA_CONFIG, if set, is appended to the rebound target's config (an experiment's
+settings, e.g. `[sandbox]` `profile = "off"` to measure what the sandbox costs).
     bench/run.py --report bench/results/RUN.jsonl...   (table and chart again, no run)
 
 Every target is mounted afresh for every measurement (cold caches on the FUSE side), and the
