@@ -208,10 +208,11 @@ def test_workload_survives_driver_failures_in_fast_mode(mount, tree_tarball, see
     """The same chaos with the first driver on the kernel's queue (mode = "fast"): its
     failure hands the queue to the proxy, with the requests it had read, and every later
     driver is guarded."""
-    def went_fast(m):
+    def went_fast(m, first):
         log = m.output()
-        assert "the driver serves the kernel's queue" in log, explain(m, "fast mode not used")
+        assert first["data_path"] == "fast", explain(m, "fast mode not used")
         assert "took the kernel's queue over" in log, explain(m, "the proxy never took over")
+        assert mount_status(m.mnt)["data_path"] == "guarded", explain(m, "not guarded after")
 
     survives_failures(mount, tree_tarball, seed, driver, workload,
                       chaos_config(driver) + toml(mode="fast"), also=went_fast)
@@ -219,7 +220,8 @@ def test_workload_survives_driver_failures_in_fast_mode(mount, tree_tarball, see
 
 def survives_failures(mount, tree_tarball, seed, driver, workload, config, also=None):
     """Runs `workload` on `driver` under rebound with `config` while chaos.py fails the driver
-    again and again; asserts that the application saw nothing, and what `also(mount)` does."""
+    again and again; asserts that the application saw nothing, and what `also(mount, status)`
+    does (`status`: the mount's once it first served)."""
     if workload == "tree" and (why := mounts.descriptor_shortfall(driver,
                                                                   len(tree_tarball.entries))):
         pytest.skip(why)
@@ -236,7 +238,7 @@ def survives_failures(mount, tree_tarball, seed, driver, workload, config, also=
     with mount(driver, "rebound", config=config, image_size=IMAGE_SIZE,
                watchdog=WATCHDOG, after_stop=backing_store_holds_the_result,
                reflink=driver == "fuse2fs") as m:
-        wait_serving(m)
+        first = wait_serving(m)
 
         def abort():  # the mount is lost: what waits on it fails now, not at the watchdog
             conn = mounts.fuse_connection(m.mnt)
@@ -255,7 +257,7 @@ def survives_failures(mount, tree_tarball, seed, driver, workload, config, also=
         assert status["restarts"] >= 1, why
         assert status["last_failure"], why
         if also is not None:
-            also(m)
+            also(m, first)
 
 
 def storm_passed(m, result, injector, least=3):

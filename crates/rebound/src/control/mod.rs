@@ -92,6 +92,10 @@ pub struct MountStatus {
     pub recovery_phases_ms: Vec<BTreeMap<String, f64>>,
     pub driver: Vec<String>,
     pub rebound_pid: u32,
+    /// Where requests go now: `"fast"` (the driver serves the kernel's queue, rebound beside
+    /// it) or `"guarded"` (through rebound); empty until the mount is made.
+    #[serde(default)]
+    pub data_path: String,
     pub requests: u64,
     pub refused_replies: u64,
     /// Error replies held back for a restarted driver's second opinion, and how many of
@@ -224,6 +228,12 @@ impl StatusBoard {
         let mut status = self.status().clone();
         if let Some(c) = &*self.counters.lock().unwrap_or_else(|e| e.into_inner()) {
             status.requests = c.stats.requests.load(Relaxed);
+            status.data_path = if c.stats.beside.load(Relaxed) {
+                "fast"
+            } else {
+                "guarded"
+            }
+            .into();
             status.refused_replies = c.stats.refused.load(Relaxed);
             status.second_opinions = c.stats.doubted.load(Relaxed);
             status.second_opinions_confirmed = c.stats.doubts_confirmed.load(Relaxed);

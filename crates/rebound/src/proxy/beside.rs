@@ -250,6 +250,7 @@ pub(super) fn take_over(shared: &Arc<Shared>) -> std::io::Result<bool> {
     }
     // Released only now: a release before the resend would end those requests with an error.
     lock(&beside.devices).clear();
+    shared.stats.beside.store(false, Ordering::Relaxed);
     super::spawn_queue_readers(shared)?;
     Ok(true)
 }

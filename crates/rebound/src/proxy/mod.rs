@@ -100,6 +100,8 @@ impl ProxyEvent {
 /// Counters the forwarding threads keep; read by the supervisor for logs and status.
 #[derive(Debug, Default)]
 pub struct ProxyStats {
+    /// The driver serves the kernel's queue itself (fast mode, until its first failure).
+    pub beside: AtomicBool,
     pub requests: AtomicU64,
     pub replies: AtomicU64,
     pub notifications: AtomicU64,
@@ -458,6 +460,7 @@ impl Proxy {
             },
         )?;
         beside::spawn_observation(&proxy.shared)?;
+        proxy.stats.beside.store(true, Ordering::Relaxed);
         Ok(proxy)
     }
 

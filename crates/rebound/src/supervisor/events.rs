@@ -54,7 +54,7 @@ impl Run<'_> {
         let (Some(pending), Some(s)) = (&self.announcing, &self.served) else {
             return;
         };
-        let holder = process::holder_of_channel(s.channel_inode, &self.standby_processes());
+        let holder = self.channel_holder(s.channel_inode);
         let serving = matches!(self.phase, Phase::Serving);
         if serving && Instant::now() < pending.until && !holder.is_some_and(|h| h.reading) {
             return;
@@ -209,9 +209,7 @@ impl Run<'_> {
             if let (Phase::Serving | Phase::Recovering(Step::Restoring), Some(s)) =
                 (&self.phase, &self.served)
             {
-                if let Some(daemon) =
-                    process::holder_of_channel(s.channel_inode, &self.standby_processes())
-                {
+                if let Some(daemon) = self.channel_holder(s.channel_inode) {
                     tracing::info!("driver daemonized; pid {} serves the mount", daemon.pid);
                     self.board.update(|s| s.driver_pid = Some(daemon.pid));
                 }
@@ -220,6 +218,18 @@ impl Run<'_> {
         if any_reaped {
             self.check_driver_beside();
         }
+    }
+
+    /// The process serving through the channel with inode `inode` (see
+    /// [`process::holder_of_channel`]). A socket is the channel's alone; `/dev/fuse` (fast
+    /// mode, inode 0) is also held by a standby waiting at its `mount(2)`, which is left out.
+    fn channel_holder(&self, inode: u64) -> Option<process::ChannelHolder> {
+        let standby = if inode == 0 {
+            self.standby_processes()
+        } else {
+            Vec::new()
+        };
+        process::holder_of_channel(inode, &standby)
     }
 
     /// Fast mode, once the failed driver is gone: the proxy serves the kernel's queue from now
@@ -251,7 +261,7 @@ impl Run<'_> {
         if s.proxy.kernel_gone() {
             return self.on_proxy_event(ProxyEvent::KernelGone);
         }
-        if process::holder_of_channel(0, &self.standby_processes()).is_none() {
+        if self.channel_holder(0).is_none() {
             let how = self
                 .driver_exit
                 .map_or_else(String::new, |e| format!(" ({e})"));
