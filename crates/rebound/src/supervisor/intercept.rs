@@ -485,18 +485,8 @@ fn handle_clone(
     }
     let beside = served.as_ref().filter(|s| s.proxy.is_beside());
     if let Some(served) = beside {
-        let adopted = (|| -> io::Result<()> {
-            let pidfd = rustix::process::pidfd_open(
-                thread_group_of(pid)?,
-                rustix::process::PidfdFlags::empty(),
-            )?;
-            let file = rustix::process::pidfd_getfd(
-                &pidfd,
-                new_fd as i32,
-                rustix::process::PidfdGetfdFlags::empty(),
-            )?;
-            served.proxy.clone_for_driver(file)
-        })();
+        let adopted =
+            (|| -> io::Result<()> { served.proxy.clone_for_driver(descriptor_of(pid, new_fd)?) })();
         return match adopted {
             Ok(()) => {
                 seccomp::respond(listener, notif.id, 0, 0)?;
@@ -515,15 +505,8 @@ fn handle_clone(
         seccomp::respond_continue(listener, notif.id)?;
         return Ok(Intercepted::Other);
     }
-    // Descriptors belong to the thread group; pidfds name its leader, not a thread.
     let clone = || -> io::Result<()> {
-        let leader = thread_group_of(pid)?;
-        let pidfd = rustix::process::pidfd_open(leader, rustix::process::PidfdFlags::empty())?;
-        let channel = rustix::process::pidfd_getfd(
-            &pidfd,
-            master as i32,
-            rustix::process::PidfdGetfdFlags::empty(),
-        )?;
+        let channel = descriptor_of(pid, master)?;
         let cloexec = fd_is_cloexec(pid, new_fd);
         seccomp::install_fd_as(listener, notif.id, channel.as_fd(), new_fd, cloexec)
     };
@@ -561,15 +544,7 @@ fn handle_splice(
         return Ok(Intercepted::Other);
     };
     let spliced = (|| -> io::Result<usize> {
-        let pidfd = rustix::process::pidfd_open(
-            thread_group_of(pid)?,
-            rustix::process::PidfdFlags::empty(),
-        )?;
-        let pipe = rustix::process::pidfd_getfd(
-            &pidfd,
-            fd_in as i32,
-            rustix::process::PidfdGetfdFlags::empty(),
-        )?;
+        let pipe = descriptor_of(pid, fd_in as u32)?;
         if !seccomp::id_valid(listener, notif.id) {
             return Err(io::ErrorKind::Interrupted.into());
         }
@@ -585,6 +560,16 @@ fn handle_splice(
         )?,
     }
     Ok(Intercepted::Other)
+}
+
+/// rebound's own copy of descriptor `fd` of thread `tid`'s process (`pidfd_getfd`).
+/// Descriptors belong to the thread group; pidfds name its leader, not a thread.
+fn descriptor_of(tid: u32, fd: u32) -> io::Result<OwnedFd> {
+    let pidfd =
+        rustix::process::pidfd_open(thread_group_of(tid)?, rustix::process::PidfdFlags::empty())?;
+    let fd =
+        rustix::process::pidfd_getfd(&pidfd, fd as i32, rustix::process::PidfdGetfdFlags::empty())?;
+    Ok(fd)
 }
 
 /// The thread-group leader of thread `tid`, for `pidfd_open`.
