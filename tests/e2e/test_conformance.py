@@ -85,9 +85,9 @@ def summary(outcomes):
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_posix_conformance_is_the_same_under_rebound(mount, driver):
     """The whole suite on each mount; a test whose outcomes differ is run alone RERUNS times
-    more on each. The difference stands unless the direct mount itself gave both outcomes:
-    then the driver does not repeat it (seen once in CI: sshfs's open::etxtbsy FAILED in the
-    suite on its direct mount, never in 300 runs alone, under load or not)."""
+    more on each. The difference stands unless the outcome is unsteady (`unsteady_outcome`;
+    seen once in CI: sshfs's open::etxtbsy FAILED in the suite on its direct mount, never in
+    300 runs alone, under load or not)."""
     runs = {"direct": [], "rebound": []}
     messages = {}
     for attempt in range(1 + RERUNS):
@@ -106,16 +106,29 @@ def test_posix_conformance_is_the_same_under_rebound(mount, driver):
     # The suite really ran on the direct mount: every test has its outcome, and some pass
     # (rclone, with neither modes nor owners nor special files, passes fewest: 53).
     assert len(direct) >= 390 and summary(direct).get("ok", 0) >= 40, summary(direct)
-    unsteady = {t for t in rerun_candidates(runs, driver)
-                if len({run.get(t) for run in runs["direct"]}) > 1}
+    unsteady = {t for t in rerun_candidates(runs, driver) if unsteady_outcome(runs, t)}
     for t in sorted(unsteady):
-        print(f"{t} is unsteady on the direct mount: {[run.get(t) for run in runs['direct']]}, "
+        print(f"{t} is unsteady: direct {[run.get(t) for run in runs['direct']]}, "
               f"under rebound {[run.get(t) for run in runs['rebound']]}")
     differing = sorted(rerun_candidates(runs, driver) - unsteady)
     assert not differing, "\n".join(
         f"{t}: direct {[run.get(t) for run in runs['direct']]} "
         f"{messages.get(('direct', t), '')}, rebound {[run.get(t) for run in runs['rebound']]} "
         f"{messages.get(('rebound', t), '')}" for t in differing)
+
+
+def unsteady_outcome(runs, t):
+    """Whether t's outcome is not the driver's to repeat: it gave both outcomes on the direct
+    mount, or it failed there every time while under rebound it failed too and passed at
+    least once. The second is a race won in the kernel's own cache, not conformance rebound
+    lost (fuse2fs's unlink::update_ctime_success::fifo: ok once under rebound in a full CI
+    run, FAILED in 30 of 30 runs alone on each mount, 2026-11-25)."""
+    direct = {run.get(t) for run in runs["direct"]}
+    rebound = [run.get(t) for run in runs["rebound"]]
+    if len(direct) > 1:
+        return True
+    (outcome,) = direct
+    return outcome == "FAILED" and "ok" in rebound and "FAILED" in rebound
 
 
 def rerun_candidates(runs, driver):
