@@ -503,3 +503,51 @@ def test_rebound_reloads_itself_under_a_verifying_workload(mount, driver, workdi
         assert status["lost_objects"] == 0, status
         # Running the file installed now, not the one it started from.
         assert exe(status["rebound_pid"]) == str(installed), status
+
+
+@pytest.mark.recovery
+@pytest.mark.parametrize("driver", ["passthrough_ll", "fuse2fs", "sshfs"])
+def test_rebound_survives_its_own_death_under_a_verifying_workload(mount, driver, workdir):
+    """rebound itself SIGKILLed 20 times and reloaded 5 times, each reload onto a binary newly
+    installed in its place, while a workload checks every byte against its model: after each
+    death the keeper's successor takes the mount over, the mount never goes away, the
+    application sees no error and no object is lost."""
+    installed = workdir / "rebound"
+    shutil.copy2(mounts.rebound_bin(), installed)
+    with mount(driver, "rebound", config=DRIVER_CONFIG.get(driver, ""),
+               reflink=driver == "fuse2fs", rebound=installed) as m:
+        wait_serving(m)
+
+        def kill_or_reload(i):
+            before = mount_status(m.mnt)
+            if i % 5 == 4:
+                install_copy(mounts.rebound_bin(), installed)
+                rc, out, err, _ = mounts.run_rebound(["reload", str(m.mnt)], timeout=180)
+                done = rc == 0 and "reloaded rebound" in out + err
+                moved_on = lambda s: s["reloads"] > before["reloads"]  # noqa: E731
+            else:
+                os.kill(before["rebound_pid"], signal.SIGKILL)
+                done = True
+                moved_on = lambda s: s["rebound_pid"] != before["rebound_pid"]  # noqa: E731
+            after = wait_status(m.mnt, lambda s: serving(s) and moved_on(s),
+                                chaos.RECOVER_TIMEOUT)
+            return i, done, after is not None, mounts.is_fuse_mounted(m.mnt)
+
+        answers, result = while_checked(m, 13, 25, kill_or_reload)
+        for i, done, served_again, mounted in answers:
+            assert done and served_again and mounted, explain(m, f"action {i}: {answers}")
+        assert result.ok, explain(m, result.summary())
+        status = mount_status(m.mnt)
+        assert status["rebound_deaths"] == 20 and status["reloads"] == 5, status
+        assert status["failures_by_cause"] == {"reload": 5}, status
+        assert status["lost_objects"] == 0, status
+        assert exe(status["rebound_pid"]) == str(installed), status
+        # The fixture's rebound died at the first kill: the last successor is stopped as an
+        # operator would stop it, and must unmount and exit.
+        last = status["rebound_pid"]
+        os.kill(last, signal.SIGTERM)
+        assert mounts.wait_for(lambda: not mounts.alive(last), mounts.STOP_TIMEOUT), \
+            explain(m, f"rebound {last} did not stop")
+        assert f"unmounted {m.mnt}" in m.output(), explain(m, "no unmount")
+        m.proc.wait(timeout=10)
+        m.stopped, m.returncode = True, None

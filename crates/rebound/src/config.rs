@@ -89,6 +89,10 @@ pub struct Config {
     pub limits: Limits,
     /// Prometheus metrics of the mount (off unless a key is set).
     pub metrics: MetricsConfig,
+    /// A keeper process holds the kernel connection and finds the tracker's journal, so that
+    /// if rebound itself dies (SIGKILL, a crash), a successor takes the mount over and
+    /// applications see no error (guarded mode; see `keeper`).
+    pub keeper: bool,
 }
 
 /// `[metrics]`: where the mount's metrics are exposed, in Prometheus' text format.
@@ -308,6 +312,7 @@ impl Default for Config {
             sandbox: SandboxConfig::default(),
             limits: Limits::default(),
             metrics: MetricsConfig::default(),
+            keeper: true,
         }
     }
 }

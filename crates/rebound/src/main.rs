@@ -8,6 +8,7 @@ mod checkpoint;
 mod config;
 mod control;
 mod inject;
+mod keeper;
 mod logging;
 mod metrics;
 mod mount_helper;
@@ -61,6 +62,13 @@ enum Verb {
             value_name = "DRIVER"
         )]
         driver: Vec<OsString>,
+    },
+    /// The keeper of a run (started by `rebound run` itself): takes the mount over should
+    /// rebound die. Its socket is its standard input.
+    #[command(hide = true)]
+    Keep {
+        #[arg(long)]
+        detached: bool,
     },
     /// One line per mount served by rebound: driver pid, state, restarts, last failure.
     Status {
@@ -200,6 +208,7 @@ fn main() -> ExitCode {
             ask_run(&mountpoint, request)
         }
         Verb::Reload { mountpoint } => reload(&mountpoint),
+        Verb::Keep { detached } => keeper::main(detached),
         Verb::Run {
             config: source,
             learn,

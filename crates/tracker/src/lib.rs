@@ -11,7 +11,7 @@ pub mod redo;
 
 pub use inflight::{Inflight, InflightTable, Patches, RequestBytes};
 pub use objects::{
-    DriverForget, DriverNode, Handle, Node, ObjectSnapshot, ObjectTable, PendingChange,
-    RestorePlan, ToDriver, Untranslated, MAX_PENDING,
+    DriverForget, DriverNode, Handle, JournalError, Node, ObjectSnapshot, ObjectTable,
+    PendingChange, RestorePlan, ToDriver, Untranslated, MAX_PENDING,
 };
 pub use redo::{Mutation, RedoLog, RedoSnapshot};

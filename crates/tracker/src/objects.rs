@@ -27,7 +27,9 @@ use zerocopy::FromBytes;
 
 use crate::inflight::Patches;
 
+mod journal;
 mod snapshot;
+pub use journal::JournalError;
 pub use snapshot::ObjectSnapshot;
 
 /// The inode number in the attributes of the `fuse_entry_out` at `at` of `reply` (0 if cut
@@ -124,7 +126,7 @@ pub enum DriverForget {
 }
 
 /// A change waiting for the driver's reply, owned so it can wait in the inflight table.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PendingChange {
     #[default]
     None,
@@ -269,6 +271,8 @@ pub struct ObjectTable {
     next_fresh: u64,
     /// The driver generation the driver ids belong to (see [`ObjectTable::begin_generation`]).
     generation: u64,
+    /// Changes noted since last taken, if a journal is kept (see [`journal`]).
+    journal: Option<Vec<u8>>,
 }
 
 impl Default for ObjectTable {
@@ -281,6 +285,7 @@ impl Default for ObjectTable {
             locks: HashMap::new(),
             next_fresh: FRESH_IDS,
             generation: 0,
+            journal: None,
         }
     }
 }
@@ -293,6 +298,15 @@ impl ObjectTable {
     /// Commits a change whose request the driver answered with success. `reply` is the
     /// validated reply body in the driver's ids; the ids in it are rewritten to the kernel's.
     pub fn on_success(&mut self, change: PendingChange, reply: &mut [u8]) {
+        let noted = (self.journaling() && change != PendingChange::None).then(|| change.clone());
+        self.commit(change, reply);
+        if let Some(change) = noted {
+            let reply = reply.to_vec();
+            self.note(&journal::Record::Success { change, reply });
+        }
+    }
+
+    fn commit(&mut self, change: PendingChange, reply: &mut [u8]) {
         match change {
             PendingChange::None => {}
             PendingChange::Entry { parent, name } => {
@@ -345,6 +359,7 @@ impl ObjectTable {
     /// same FORGET while the two agree; after a restart, the driver handed out fewer lookups
     /// and keeps one until the kernel lets go of the node.
     pub fn forget(&mut self, node: u64, count: u64) -> DriverForget {
+        self.note(&journal::Record::Forget { node, count });
         let Some(entry) = self.nodes.get_mut(&node) else {
             return DriverForget::Send { node, count };
         };
@@ -378,6 +393,10 @@ impl ObjectTable {
     /// what still holds is kept: a flock replaces the handle's earlier flock, and an unlock
     /// of a whole file ends the owner's earlier POSIX locks.
     pub fn locked(&mut self, fh: u64, request: Arc<[u8]>) {
+        if self.journaling() {
+            let request = request.to_vec();
+            self.note(&journal::Record::Locked { fh, request });
+        }
         let Some(lock) = LockRequest::parse(&request) else {
             return;
         };
@@ -409,6 +428,7 @@ impl ObjectTable {
 
     /// The kernel closes handle `fh`. Returns the driver's handle to release.
     pub fn release(&mut self, fh: u64, dir: bool) -> ToDriver {
+        self.note(&journal::Record::Release { fh, dir });
         if !dir {
             self.locks.remove(&fh);
         }
@@ -927,7 +947,7 @@ fn write_u64(bytes: &mut [u8], at: usize, value: u64) {
 mod tests {
     use super::*;
 
-    fn entry_reply(node: u64) -> Vec<u8> {
+    pub(super) fn entry_reply(node: u64) -> Vec<u8> {
         let mut body = node.to_ne_bytes().to_vec();
         body.resize(128, 0);
         body
@@ -992,7 +1012,7 @@ mod tests {
         );
     }
 
-    fn open_reply(fh: u64) -> Vec<u8> {
+    pub(super) fn open_reply(fh: u64) -> Vec<u8> {
         let mut body = fh.to_ne_bytes().to_vec();
         body.resize(16, 0);
         body

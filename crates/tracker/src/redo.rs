@@ -138,7 +138,8 @@ impl RedoLog {
     }
 
     /// A checkpoint started at `mark` succeeded: what it covers is durable in the driver.
-    pub fn checkpointed(&mut self, mark: u64) {
+    /// Returns how many entries it covered.
+    pub fn checkpointed(&mut self, mark: u64) -> usize {
         let covered = mark
             .saturating_sub(self.dropped)
             .min(self.entries.len() as u64) as usize;
@@ -149,6 +150,39 @@ impl RedoLog {
         self.entries.drain(..covered);
         self.dropped += covered as u64;
         self.overflowed = false;
+        covered
+    }
+
+    /// One entry as bytes, for a journal that outlives rebound (see [`RedoLog::replay`]).
+    pub fn journal_entry(mutation: &Mutation) -> Vec<u8> {
+        let path = |p: &Path| p.iter().map(|c| c.to_vec()).collect();
+        let paths: Vec<_> = mutation
+            .paths
+            .iter()
+            .map(|p| p.as_ref().map(path))
+            .collect();
+        let entry: MutationSnapshot = (mutation.request.to_vec(), paths, mutation.ino);
+        postcard::to_stdvec(&entry).unwrap_or_default()
+    }
+
+    /// Records an entry written by [`RedoLog::journal_entry`].
+    pub fn replay(&mut self, bytes: &[u8]) -> Result<(), postcard::Error> {
+        let (request, paths, ino): MutationSnapshot = postcard::from_bytes(bytes)?;
+        let paths = paths
+            .into_iter()
+            .map(|p| p.map(|p| p.into_iter().map(Vec::into_boxed_slice).collect()))
+            .collect();
+        self.record(Mutation {
+            request: request.into(),
+            paths,
+            ino,
+        });
+        Ok(())
+    }
+
+    /// A checkpoint covered the `count` oldest entries (as [`RedoLog::checkpointed`] said).
+    pub fn forget_oldest(&mut self, count: usize) {
+        let _ = self.checkpointed(self.dropped + count as u64);
     }
 
     /// The entries to replay, oldest first. They stay until a checkpoint of the new driver

@@ -131,6 +131,10 @@ pub struct MountStatus {
     /// Times this run's rebound was replaced by a successor (`rebound reload`).
     #[serde(default)]
     pub reloads: u64,
+    /// Times this run's rebound died (SIGKILL, a crash) and its keeper's successor took the
+    /// mount over.
+    #[serde(default)]
+    pub rebound_deaths: u64,
     /// The current driver's cgroup: anonymous memory, tasks, CPU time (0 without a cgroup).
     #[serde(default)]
     pub driver_memory_bytes: u64,

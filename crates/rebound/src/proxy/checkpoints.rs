@@ -119,7 +119,10 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
         let rollbacks = quiet.as_ref().map(|(_, image)| image.rollbacks());
         let covered = || {
             let mut log = redo.lock().unwrap_or_else(|e| e.into_inner());
-            log.checkpointed(mark);
+            let covered = log.checkpointed(mark);
+            if let Some(journal) = shared.journal.get() {
+                journal.note_checkpoint(covered);
+            }
             shared
                 .stats
                 .redo_entries

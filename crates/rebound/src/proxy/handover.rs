@@ -14,6 +14,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,25 @@ pub struct HandOver {
     redo: Option<RedoSnapshot>,
     generations: u64,
     store_changed: bool,
+}
+
+impl HandOver {
+    /// What a successor needs after rebound died (see `keeper`): the kernel queues its
+    /// keeper held, by descriptor number (open across `execve`), and the journal in `dir`.
+    /// The driver's ids are not in it: every node is looked up again, as after any failure.
+    pub fn from_journal(queues: Vec<i32>, dir: &Path) -> io::Result<HandOver> {
+        let journaled = super::journal::read(dir)?;
+        Ok(HandOver {
+            queues,
+            generations: journaled.objects.generation(),
+            objects: journaled.objects.snapshot(),
+            init: journaled.init,
+            minor: journaled.minor,
+            root_attr: journaled.root_attr,
+            redo: journaled.redo.map(|r| r.snapshot()),
+            store_changed: false,
+        })
+    }
 }
 
 impl Proxy {

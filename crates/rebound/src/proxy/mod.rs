@@ -16,6 +16,7 @@
 mod beside;
 mod checkpoints;
 mod handover;
+mod journal;
 mod notifications;
 mod private;
 mod recovery;
@@ -25,7 +26,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use fuse_wire::abi::{self, size, ROOT_ID};
@@ -298,6 +299,36 @@ struct Shared {
     second_opinions: Option<SecondOpinions>,
     /// In fast mode, what rebound keeps beside the driver's path (see [`beside`]).
     beside: Option<beside::Beside>,
+    /// Where the tracker's changes outlive rebound, once asked (see [`journal`]).
+    journal: OnceLock<journal::Journal>,
+}
+
+/// The object table, locked. What it noted is written to the journal (if kept) before the
+/// lock is let go: before the reply that made the change can reach the kernel.
+struct ObjectsGuard<'a> {
+    table: MutexGuard<'a, ObjectTable>,
+    shared: &'a Shared,
+}
+
+impl std::ops::Deref for ObjectsGuard<'_> {
+    type Target = ObjectTable;
+    fn deref(&self) -> &ObjectTable {
+        &self.table
+    }
+}
+
+impl std::ops::DerefMut for ObjectsGuard<'_> {
+    fn deref_mut(&mut self) -> &mut ObjectTable {
+        &mut self.table
+    }
+}
+
+impl Drop for ObjectsGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(journal) = self.shared.journal.get() {
+            journal.flush(&mut self.table, self.shared);
+        }
+    }
 }
 
 /// How many directories [`Shared::removal_dirs`] keeps.
@@ -398,9 +429,12 @@ impl BufferPool {
 }
 
 impl Shared {
-    fn objects(&self) -> MutexGuard<'_, ObjectTable> {
+    fn objects(&self) -> ObjectsGuard<'_> {
         // Every update is applied whole under the lock, so a poisoned table is still usable.
-        self.objects.lock().unwrap_or_else(|e| e.into_inner())
+        ObjectsGuard {
+            table: self.objects.lock().unwrap_or_else(|e| e.into_inner()),
+            shared: self,
+        }
     }
 
     fn link(&self) -> RwLockReadGuard<'_, Link> {
@@ -505,6 +539,30 @@ impl Proxy {
         beside::take_over(&self.shared)
     }
 
+    /// From now on the tracker's changes are journaled in `dir`, where a successor finds
+    /// them should rebound die (see [`journal`]).
+    pub fn keep_journal(&self, dir: &std::path::Path) -> io::Result<()> {
+        let shared = &self.shared;
+        let mut table = shared.objects.lock().unwrap_or_else(|e| e.into_inner());
+        let journal = journal::Journal::create(dir, &mut table, shared)?;
+        shared
+            .journal
+            .set(journal)
+            .map_err(|_| io::Error::other("a journal is kept already"))
+    }
+
+    /// The run ends with the mount: its journal goes.
+    pub fn remove_journal(&self) {
+        if let Some(journal) = self.shared.journal.get() {
+            journal.remove();
+        }
+    }
+
+    /// rebound's kernel queues, to be kept by a process that outlives it.
+    pub fn kernel_queues_fds(&self) -> Vec<BorrowedFd<'_>> {
+        self.shared.queues.iter().map(|q| q.as_fd()).collect()
+    }
+
     /// Builds the shared state over `queues` with the driver side in `link`, `restore`
     /// filling in what a predecessor handed over, and starts a thread per kernel queue and
     /// the checkpointer.
@@ -549,6 +607,7 @@ impl Proxy {
             image: options.image.clone().map(checkpoints::ImageGate::new),
             removal_dirs: Mutex::new(Vec::new()),
             beside: None,
+            journal: OnceLock::new(),
             second_opinions: options
                 .second_opinion_cooldown
                 .map(|cooldown| SecondOpinions {
@@ -1408,6 +1467,14 @@ fn deliver_driver_message(shared: &Shared, msg: &mut [u8], generation: u64) {
         match fuse_wire::fix_init_reply(msg, MAX_WRITE) {
             Ok(init) => {
                 shared.minor.store(init.minor, Ordering::Relaxed);
+                let request = shared
+                    .init
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                if let (Some(journal), Some(request)) = (shared.journal.get(), request) {
+                    journal.note_init(init.minor, &request);
+                }
                 tracing::info!(
                     "driver speaks FUSE 7.{}, max_write {} bytes",
                     init.minor,
@@ -1477,7 +1544,17 @@ fn corrupt_in_transit<'m>(stats: &ProxyStats, msg: &'m mut [u8]) -> &'m mut [u8]
 }
 
 fn cache_root_attr(shared: &Shared, attr: &[u8]) {
-    *shared.root_attr.lock().unwrap_or_else(|e| e.into_inner()) = Some(attr.to_vec());
+    {
+        let mut cached = shared.root_attr.lock().unwrap_or_else(|e| e.into_inner());
+        if cached.as_deref() == Some(attr) {
+            return;
+        }
+        *cached = Some(attr.to_vec());
+    }
+    // (Not under the cache's lock: starting a journal file anew takes it.)
+    if let Some(journal) = shared.journal.get() {
+        journal.note_root_attr(attr);
+    }
 }
 
 /// Records the end of a phase of the recovery under way (none: nothing recorded).
@@ -1735,11 +1812,16 @@ fn record_mutation(shared: &Shared, request: &Inflight, reply: &[u8]) {
     if op == Opcode::Write {
         redo.note_written(req.header.nodeid);
     }
-    redo.record(tracker::Mutation {
+    let mutation = tracker::Mutation {
         request: bytes.into(),
         paths,
         ino,
-    });
+    };
+    // (Under the log's lock: the journal has its entries in the log's order.)
+    if let Some(journal) = shared.journal.get() {
+        journal.note_mutation(&mutation);
+    }
+    redo.record(mutation);
     shared
         .stats
         .redo_entries

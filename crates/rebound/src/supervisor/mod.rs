@@ -29,6 +29,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
@@ -45,13 +46,14 @@ use crate::cgroup::DriverCgroup;
 use crate::checkpoint::ImageCheckpoint;
 use crate::config::{Config, Profile};
 use crate::control::{self, ControlSocket, OperatorRequest, StatusBoard};
+use crate::keeper::{Keeper, KeptMount};
 use crate::proxy::{Proxy, ProxyEvent, ProxyOptions};
 use crate::sandbox::MountPoint;
 use crate::service::ServiceManager;
 use command::DriverCommand;
 use intercept::Intercepted;
 use process::Exit;
-pub use reload::Succession;
+pub use reload::{installed_binary, Death, Succession};
 use restart::Cause;
 
 /// Where the run is in its life.
@@ -163,6 +165,8 @@ struct Run<'a> {
     learner: Option<crate::capability_trace::Learner>,
     /// The service manager that started rebound, if any (systemd).
     service: ServiceManager,
+    /// The process that takes the mount over should rebound die (see [`crate::keeper`]).
+    keeper: Option<Keeper>,
 }
 
 /// Runs `argv` as a FUSE driver behind rebound until the mount ends, or, with `succession`,
@@ -175,6 +179,18 @@ pub fn run(
 ) -> anyhow::Result<i32> {
     let command = DriverCommand::new(argv.to_vec())?;
     let driver_name = command.name.clone();
+    // Before rebound is child subreaper (a reloaded rebound still is): the keeper must not
+    // become its descendant.
+    let keeper = if config.keeper && config.mode == crate::config::Mode::Guarded {
+        let _ = rustix::process::set_child_subreaper(None);
+        Keeper::spawn()
+            .inspect_err(|e| {
+                tracing::warn!("no keeper ({e:#}): should rebound itself die, the mount is lost")
+            })
+            .ok()
+    } else {
+        None
+    };
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
         .context("becoming child subreaper")?;
 
@@ -185,7 +201,8 @@ pub fn run(
     commands_rx.set_nonblocking(true)?;
 
     // Before any driver has the image open: this first checkpoint is the state to go back to
-    // (a successor takes its predecessor's, which the redo log handed over goes with).
+    // (a successor takes its predecessor's, which the redo log handed over goes with, from
+    // the hand-over or, after rebound's death, from the journal).
     let image = match &config.image {
         Some(path) if succession.is_some() => Some(Arc::new(
             ImageCheckpoint::adopt(path).map_err(|e| anyhow::anyhow!(e))?,
@@ -330,6 +347,7 @@ pub fn run(
         denied_logged: BTreeSet::new(),
         learner,
         service: ServiceManager::from_env(),
+        keeper,
     };
     if let Some(known) = crate::sandbox::named::known_driver(argv) {
         if config.sandbox.profile != Profile::Off {
@@ -364,6 +382,9 @@ pub fn run(
 
     loop {
         run.service.loop_turned();
+        if let Some(keeper) = &mut run.keeper {
+            keeper.status(|| run.board.snapshot());
+        }
         let timeout = run.poll_timeout();
         let timeout = run
             .announcement_due()
@@ -661,6 +682,7 @@ impl Run<'_> {
                     proxy,
                     mounted_by_helper: mount.by_helper,
                 });
+                self.keep_mount();
                 self.phase = Phase::Serving;
                 self.keep_standby(Instant::now());
             }
@@ -885,6 +907,7 @@ impl Run<'_> {
     /// The run is over and no driver process is left: its log lines are written, its cgroup
     /// removed.
     fn finish(&mut self) {
+        self.end_keeping();
         for logger in self.stderr_loggers.drain(..) {
             let _ = logger.join();
         }
@@ -893,10 +916,66 @@ impl Run<'_> {
         }
     }
 
+    /// Gives the keeper the mount once it serves (the kernel queues, what a successor must
+    /// know) and starts the tracker's journal. Without either, rebound's death loses the
+    /// mount (said once).
+    fn keep_mount(&mut self) {
+        let (Some(keeper), Some(s)) = (&self.keeper, &self.served) else {
+            return;
+        };
+        if s.proxy.is_beside() {
+            // The driver serves the kernel's queue itself; rebound's death leaves it serving.
+            self.keeper = None;
+            return;
+        }
+        let journal = crate::keeper::journal_dir(std::process::id());
+        let kept = KeptMount {
+            argv: self
+                .command
+                .argv
+                .iter()
+                .map(|a| a.as_bytes().to_vec())
+                .collect(),
+            config: self.config.source.clone(),
+            mountpoint: s.mountpoint.clone(),
+            mounted_by_helper: s.mounted_by_helper,
+            journal: journal.clone(),
+            grace: self.config.restart_grace(),
+            cgroup_procs: self
+                .cgroup
+                .iter()
+                .chain(&self.standby_cgroup)
+                .flat_map(DriverCgroup::procs_files)
+                .collect(),
+        };
+        let kept = s
+            .proxy
+            .keep_journal(&journal)
+            .and_then(|()| keeper.keep_mount(&kept, &s.proxy.kernel_queues_fds()));
+        if let Err(e) = kept {
+            tracing::warn!(
+                "the keeper cannot keep the mount ({e}): should rebound die, it is lost"
+            );
+            self.end_keeping();
+        }
+    }
+
+    /// The keeper exits without taking over, and the journal goes.
+    fn end_keeping(&mut self) {
+        if let Some(mut keeper) = self.keeper.take() {
+            keeper.end();
+        }
+        if let Some(s) = &self.served {
+            s.proxy.remove_journal();
+        }
+    }
+
     /// Enters the stopping phase; with `signal`, asks every driver process to terminate.
     fn stopping(&mut self, signal: bool, exit_code: i32) -> Phase {
         self.board.update(|s| s.state = "stopping".into());
         self.service.stopping();
+        // Stopped on purpose: rebound's death from now on must not bring the mount back.
+        self.end_keeping();
         self.drop_standby("the run is stopping", false);
         if signal {
             process::signal_all(Signal::TERM, &[]);

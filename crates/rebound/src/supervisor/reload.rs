@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::restart::Cause;
 use super::{Phase, Run, Served, Step};
 use crate::control::{self, MountStatus};
+use crate::keeper::KeptMount;
 use crate::proxy::{HandOver, Proxy};
 
 /// How long the driver gets to answer what it was sent before the hand-over.
@@ -43,6 +44,19 @@ pub struct Succession {
     mounted_by_helper: bool,
     status: MountStatus,
     proxy: HandOver,
+    /// Set when the predecessor died and its keeper took over (see `keeper`).
+    #[serde(default)]
+    pub death: Option<Death>,
+}
+
+/// How a predecessor rebound died.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Death {
+    pub pid: u32,
+    /// Its driver exited by itself after rebound's death (a libfuse driver flushes what it
+    /// holds), rather than being killed. Either way the successor goes back to the last
+    /// checkpoint and replays the journaled redo log, as after a crash of the driver.
+    pub drivers_exited: bool,
 }
 
 impl Succession {
@@ -54,6 +68,24 @@ impl Succession {
             .with_context(|| format!("{}: not a hand-over", path.display()))
     }
 
+    /// The succession a keeper builds when its rebound died.
+    pub fn after_death(
+        kept: &KeptMount,
+        status: MountStatus,
+        proxy: HandOver,
+        death: Death,
+    ) -> Succession {
+        Succession {
+            argv: kept.argv.clone(),
+            config: kept.config.clone(),
+            mountpoint: kept.mountpoint.clone(),
+            mounted_by_helper: kept.mounted_by_helper,
+            status,
+            proxy,
+            death: Some(death),
+        }
+    }
+
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
     }
@@ -61,6 +93,17 @@ impl Succession {
     pub fn argv(&self) -> Vec<OsString> {
         self.argv.iter().cloned().map(OsString::from_vec).collect()
     }
+}
+
+/// The rebound binary now installed where this one was started from.
+pub fn installed_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding rebound's binary")?;
+    // Replaced by a package upgrade, the old file shows as deleted: the path has the new.
+    Ok(PathBuf::from(
+        exe.to_string_lossy()
+            .trim_end_matches(" (deleted)")
+            .to_string(),
+    ))
 }
 
 impl Run<'_> {
@@ -124,19 +167,14 @@ impl Run<'_> {
             mounted_by_helper: s.mounted_by_helper,
             status: self.board.snapshot(),
             proxy: s.proxy.hand_over(),
+            death: None,
         };
         let path = control::run_dir().join(format!("{}.handover", std::process::id()));
         std::fs::write(&path, serde_json::to_vec(&succession)?)
             .with_context(|| format!("writing {}", path.display()))?;
         // (The cgroups stay: the successor, with the same pid, takes the same ones over, with
         // the limits of the config it reads again; should the exec fail, this run keeps them.)
-        let exe = std::env::current_exe().context("finding rebound's binary")?;
-        // Replaced by a package upgrade, the old file shows as deleted: the path has the new.
-        let exe = PathBuf::from(
-            exe.to_string_lossy()
-                .trim_end_matches(" (deleted)")
-                .to_string(),
-        );
+        let exe = installed_binary()?;
         tracing::info!(
             "reload: handing {} over to {}",
             s.mountpoint.display(),
@@ -145,6 +183,10 @@ impl Run<'_> {
         s.proxy
             .keep_queues_across_exec(true)
             .context("keeping the kernel queues across exec")?;
+        // The successor starts its own keeper; this one must not take the mount over.
+        if let Some(mut keeper) = self.keeper.take() {
+            keeper.end();
+        }
         let e = std::process::Command::new(&exe)
             .arg("run")
             .arg("--resume")
@@ -165,28 +207,38 @@ impl Run<'_> {
         self.board
             .attach(proxy.stats.clone(), Box::new(proxy.held_objects_reader()));
         let status = succession.status;
+        let died = succession.death.is_some();
         self.board.update(|b| {
             *b = MountStatus {
                 state: "recovering".into(),
                 driver_pid: None,
                 standby_pid: None,
                 rebound_pid: std::process::id(),
-                reloads: status.reloads + 1,
+                reloads: status.reloads + u64::from(!died),
+                rebound_deaths: status.rebound_deaths + u64::from(died),
                 ..status
             };
         });
         *self.log_label.lock().unwrap_or_else(|e| e.into_inner()) =
             succession.mountpoint.display().to_string();
-        tracing::info!(
-            "took {} over from the previous rebound; starting its driver",
-            succession.mountpoint.display()
-        );
+        match &succession.death {
+            Some(death) => tracing::info!(
+                "took {} over from rebound pid {}, which died; starting its driver",
+                succession.mountpoint.display(),
+                death.pid
+            ),
+            None => tracing::info!(
+                "took {} over from the previous rebound; starting its driver",
+                succession.mountpoint.display()
+            ),
+        }
         self.served = Some(Served {
             mountpoint: succession.mountpoint,
             channel_inode: 0,
             proxy,
             mounted_by_helper: succession.mounted_by_helper,
         });
+        self.keep_mount();
         self.phase = Phase::Recovering(Step::Backoff {
             until: Instant::now(),
         });

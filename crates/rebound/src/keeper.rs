@@ -1,0 +1,381 @@
+//! rebound's keeper: a small process of its own that outlives rebound, so that rebound's death
+//! (SIGKILL, a crash) does not take the mount with it.
+//!
+//! A run starts its keeper before anything else, detached (its parent exits at once, so it is
+//! nobody's descendant in the run's process tree). Once the mount serves, the run hands the
+//! keeper a reference to each kernel queue (`SCM_RIGHTS`), what a successor must know of the
+//! run (the driver's command line, the config file, the mount point) and where the tracker's
+//! journal is (`proxy::journal`); then, as they change, the mount's status (with the driver's
+//! pids). A run that ends says so, and its keeper exits.
+//!
+//! If instead the socket closes without a word, rebound died. The requests it had read stay
+//! with the kernel (the keeper's references keep the queues open), and the driver sees its
+//! channel close and exits by itself: a libfuse driver flushes what it holds, as after a
+//! graceful stop. The keeper waits for the driver's processes (`restart_grace_ms`, then
+//! SIGKILL), reads the journal into a hand-over and execs `rebound run --resume`, the path a
+//! `rebound reload` takes: the successor sends the kernel's requests again, starts a new
+//! driver and restores it. Applications wait and see no error.
+//!
+//! Owns: the keeper process, both ends of its socket, the take-over after a death. Must not:
+//! touch the mount while rebound lives.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::control::{self, MountStatus};
+use crate::proxy::HandOver;
+use crate::supervisor::{Death, Succession};
+
+/// The most kernel queues a run has (rebound's descriptor and its clones, one per CPU).
+const MAX_QUEUES: usize = 64;
+/// The largest message (a status, a mount's description).
+const MAX_MESSAGE: usize = 256 << 10;
+/// A status is sent at most this often.
+const STATUS_EVERY: Duration = Duration::from_millis(200);
+
+/// What a run tells its keeper.
+#[derive(Debug, Serialize, Deserialize)]
+enum ToKeeper {
+    /// The mount serves; its kernel queues come with this message.
+    Mount(KeptMount),
+    Status(Box<MountStatus>),
+    /// The run ends (or hands over by `rebound reload`): nothing to take over.
+    End,
+}
+
+/// What a successor must know of a run, beside its status and the journal.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct KeptMount {
+    pub argv: Vec<Vec<u8>>,
+    pub config: Option<PathBuf>,
+    pub mountpoint: PathBuf,
+    pub mounted_by_helper: bool,
+    pub journal: PathBuf,
+    pub grace: Duration,
+    /// The driver cgroups' `cgroup.procs` files: every process of the driver.
+    pub cgroup_procs: Vec<PathBuf>,
+}
+
+/// A run's end of the socket to its keeper.
+pub struct Keeper {
+    socket: OwnedFd,
+    last_status: Option<(Instant, MountStatus)>,
+    ended: bool,
+}
+
+impl Keeper {
+    /// Starts a keeper, detached. (Before rebound becomes child subreaper: the keeper must not
+    /// be reparented to it.)
+    pub fn spawn() -> anyhow::Result<Keeper> {
+        let (ours, theirs) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .context("creating the keeper's socket")?;
+        let exe = std::env::current_exe().context("finding rebound's binary")?;
+        // It forks the keeper and exits: the keeper is then nobody's child here.
+        let status = Command::new(exe)
+            .arg("keep")
+            .stdin(Stdio::from(theirs))
+            .stdout(Stdio::null())
+            .process_group(0)
+            .status()
+            .context("starting the keeper")?;
+        anyhow::ensure!(status.success(), "the keeper did not start ({status})");
+        Ok(Keeper {
+            socket: ours,
+            last_status: None,
+            ended: false,
+        })
+    }
+
+    /// Gives the keeper the mount: its description and its kernel queues.
+    pub fn keep_mount(&self, mount: &KeptMount, queues: &[BorrowedFd<'_>]) -> io::Result<()> {
+        send(&self.socket, &ToKeeper::Mount(mount.clone()), queues)
+    }
+
+    /// Sends the mount's status (taken from `snapshot`) if it changed, at most every
+    /// [`STATUS_EVERY`].
+    pub fn status(&mut self, snapshot: impl FnOnce() -> MountStatus) {
+        if self
+            .last_status
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < STATUS_EVERY)
+        {
+            return;
+        }
+        let status = snapshot();
+        if self
+            .last_status
+            .as_ref()
+            .is_none_or(|(_, last)| *last != status)
+        {
+            let _ = send(
+                &self.socket,
+                &ToKeeper::Status(Box::new(status.clone())),
+                &[],
+            );
+        }
+        self.last_status = Some((Instant::now(), status));
+    }
+
+    /// The run ends: the keeper exits without taking anything over.
+    pub fn end(&mut self) {
+        if !self.ended {
+            self.ended = true;
+            let _ = send(&self.socket, &ToKeeper::End, &[]);
+        }
+    }
+}
+
+impl Drop for Keeper {
+    /// A run that returns (an error included) ends; only a death leaves the keeper to act.
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+fn send(socket: &OwnedFd, message: &ToKeeper, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let bytes = serde_json::to_vec(message)?;
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_QUEUES))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::other("too many kernel queues for the keeper"));
+    }
+    rustix::net::sendmsg(
+        socket,
+        &[IoSlice::new(&bytes)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    Ok(())
+}
+
+/// `rebound keep`: the keeper process. Its socket is its standard input.
+pub fn main(detached: bool) -> ExitCode {
+    if !detached {
+        // The first of two forks: the keeper's parent exits, and it is left to init.
+        let spawned = std::env::current_exe().and_then(|exe| {
+            Command::new(exe)
+                .args(["keep", "--detached"])
+                .stdout(Stdio::null())
+                .process_group(0)
+                .spawn()
+        });
+        return match spawned {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("rebound: keeper: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    match keep(std::io::stdin().as_fd()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("keeper: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Keeps what the run sends until it ends (returns) or dies (execs a successor).
+fn keep(socket: BorrowedFd<'_>) -> anyhow::Result<()> {
+    let mut mount = None;
+    let mut queues: Vec<OwnedFd> = Vec::new();
+    let mut status = MountStatus::default();
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_QUEUES))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let received = rustix::net::recvmsg(
+            socket,
+            &mut [IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        );
+        let len = match received {
+            Ok(msg) => msg.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => 0,
+        };
+        let mut fds = Vec::new();
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(rights) = message {
+                fds.extend(rights);
+            }
+        }
+        if len == 0 {
+            // The run is gone without a word: it died.
+            return match mount {
+                Some(mount) => take_over(&mount, &status, queues),
+                None => Ok(()),
+            };
+        }
+        match serde_json::from_slice(&buf[..len]).context("a message from rebound")? {
+            ToKeeper::Mount(kept) => {
+                mount = Some(kept);
+                queues = fds;
+            }
+            ToKeeper::Status(s) => status = *s,
+            ToKeeper::End => return Ok(()),
+        }
+    }
+}
+
+/// rebound died: waits for its driver, then execs a successor over the kept queues.
+fn take_over(mount: &KeptMount, status: &MountStatus, queues: Vec<OwnedFd>) -> anyhow::Result<()> {
+    tracing::warn!(
+        "rebound (pid {}) died; its keeper takes {} over",
+        status.rebound_pid,
+        mount.mountpoint.display()
+    );
+    // A standby holds nothing yet: it goes at once.
+    if let Some(pid) = status.standby_pid {
+        kill(pid);
+    }
+    let drivers_exited = wait_for_drivers(mount, status);
+    if !drivers_exited {
+        tracing::warn!(
+            "the driver did not exit within restart_grace_ms of rebound's death and was killed"
+        );
+    }
+    let numbers: Vec<i32> = queues.iter().map(AsRawFd::as_raw_fd).collect();
+    let proxy = HandOver::from_journal(numbers, &mount.journal)
+        .with_context(|| format!("reading the journal in {}", mount.journal.display()))?;
+    let succession = Succession::after_death(
+        mount,
+        status.clone(),
+        proxy,
+        Death {
+            pid: status.rebound_pid,
+            drivers_exited,
+        },
+    );
+    let path = control::run_dir().join(format!("{}.handover", std::process::id()));
+    std::fs::write(&path, serde_json::to_vec(&succession)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    let _ = std::fs::remove_dir_all(&mount.journal);
+    let borrowed: Vec<_> = queues.iter().map(AsFd::as_fd).collect();
+    rebound_sys::fuse_dev::keep_across_exec(&borrowed, true)?;
+    let exe = crate::supervisor::installed_binary()?;
+    let e = Command::new(&exe)
+        .arg("run")
+        .arg("--resume")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .exec();
+    Err(e).with_context(|| format!("exec {}", exe.display()))
+}
+
+/// Waits until the dead run's driver processes are gone: true if they exited by themselves
+/// within the grace, false if some had to be killed. A driver whose threads all wait on locks
+/// without using any CPU is killed at once: libfuse's teardown after a failed read cancels
+/// its worker threads wherever they are, and one cancelled while holding the driver's own
+/// lock leaves the others waiting for it forever (seen with fuse2fs and passthrough_ll).
+fn wait_for_drivers(mount: &KeptMount, status: &MountStatus) -> bool {
+    let pids = || -> Vec<i32> {
+        let mut pids: Vec<i32> = mount
+            .cgroup_procs
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(f).ok())
+            .flat_map(|text| {
+                text.lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .chain(status.driver_pid)
+            .filter(|&pid| alive(pid))
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    };
+    let deadline = Instant::now() + mount.grace;
+    let mut idle_since: Option<(Instant, u64)> = None;
+    loop {
+        let left = pids();
+        if left.is_empty() {
+            return true;
+        }
+        let cpu: Option<u64> = left.iter().map(|&pid| stuck_cpu_time(pid)).sum();
+        let stuck = match (cpu, idle_since) {
+            (Some(cpu), Some((since, before))) if cpu == before => since.elapsed() >= STUCK_AFTER,
+            (Some(cpu), _) => {
+                idle_since = Some((Instant::now(), cpu));
+                false
+            }
+            (None, _) => {
+                idle_since = None;
+                false
+            }
+        };
+        if stuck || Instant::now() >= deadline {
+            for pid in &left {
+                kill(*pid);
+            }
+            let killed = Instant::now() + Duration::from_secs(5);
+            while !pids().is_empty() && Instant::now() < killed {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// How long a driver's threads must all wait on locks, using no CPU, to be taken as stuck.
+const STUCK_AFTER: Duration = Duration::from_millis(100);
+
+/// The CPU time (in ticks) of `pid` if every one of its threads waits on a futex; `None` if
+/// one does anything else.
+fn stuck_cpu_time(pid: i32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    for task in tasks.flatten() {
+        let wchan = std::fs::read_to_string(task.path().join("wchan")).ok()?;
+        if !wchan.contains("futex") {
+            return None;
+        }
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // utime and stime: fields 14 and 15 of stat, 12 and 13 after the command.
+    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    Some(ticks(11)? + ticks(12)?)
+}
+
+/// Whether `pid` runs (a zombie does not: it has exited, and waits for its new parent).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command, which is in parentheses and may hold any byte.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}
+
+fn kill(pid: i32) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+    }
+}
+
+/// The journal directory of the run with `pid`.
+pub fn journal_dir(pid: u32) -> PathBuf {
+    control::run_dir().join(format!("{pid}.journal"))
+}

@@ -1,0 +1,323 @@
+//! The tracker's journal on disk (`RUN_DIR/PID.journal/`), where it outlives rebound: what a
+//! successor needs to take the mount over when rebound dies without a hand-over (SIGKILL; see
+//! `supervisor::keeper`).
+//!
+//! Each file `journal.N` is a sequence of frames (`u32` length, kind, bytes): a snapshot of
+//! the object table first (and of the redo log, if one is kept), then the tracker's records
+//! (see `tracker::objects::journal`), the redo log's entries and checkpoints, and the
+//! kernel's INIT and the root's attributes as they change. A table's records are written
+//! while its lock is held, before the reply that made them goes to the kernel, so the file is
+//! never behind what the kernel was told. When a file grows past [`COMPACT_AT`], the next one
+//! starts with a new snapshot, and only then is the old one removed: a reader takes the
+//! newest file whose snapshot is whole. A frame cut short by rebound's death is the last, and
+//! is ignored (its reply never reached the kernel).
+//!
+//! Owns: the files' form, writing and reading them. Must not: decide what is journaled (the
+//! tracker does) or when a successor reads it (the keeper does).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use tracker::{Mutation, ObjectSnapshot, ObjectTable, RedoLog};
+
+use super::Shared;
+
+/// A file is started anew, with a snapshot, past this size.
+const COMPACT_AT: u64 = 32 << 20;
+
+const SNAPSHOT: u8 = 1;
+const RECORDS: u8 = 2;
+/// The kernel's INIT request (as kept for new drivers) after the negotiated minor (`u32`).
+const INIT: u8 = 3;
+const ROOT_ATTR: u8 = 4;
+const REDO_SNAPSHOT: u8 = 5;
+const REDO_ENTRY: u8 = 6;
+/// A checkpoint covered this many of the redo log's oldest entries (`u64`).
+const REDO_CHECKPOINT: u8 = 7;
+
+/// The journal being written.
+pub(super) struct Journal {
+    dir: PathBuf,
+    file: Mutex<Current>,
+}
+
+struct Current {
+    file: File,
+    number: u64,
+    size: u64,
+    /// A write failed (logged once): the journal is no longer trusted, or written.
+    failed: bool,
+}
+
+/// What a journal gives back.
+pub struct Journaled {
+    /// In the form of a table built by observation (see `tracker::objects::journal`).
+    pub objects: ObjectTable,
+    pub init: Option<Vec<u8>>,
+    pub minor: u32,
+    pub root_attr: Option<Vec<u8>>,
+    /// The redo log, if one was kept.
+    pub redo: Option<RedoLog>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn file_path(dir: &Path, number: u64) -> PathBuf {
+    dir.join(format!("journal.{number}"))
+}
+
+fn frame(kind: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len() + 5);
+    out.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.push(kind);
+    out.extend_from_slice(bytes);
+    out
+}
+
+impl Journal {
+    /// Starts the journal in `dir` (emptied first) with a snapshot of `table`, which notes
+    /// its changes from now on.
+    pub(super) fn create(dir: &Path, table: &mut ObjectTable, shared: &Shared) -> io::Result<Self> {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir)?;
+        table.keep_journal();
+        let _ = table.take_journal();
+        let redo = shared.redo.as_ref().map(lock);
+        let (file, size) = start_file(dir, 0, &table.snapshot(), redo.as_deref(), shared)?;
+        Ok(Journal {
+            dir: dir.to_path_buf(),
+            file: Mutex::new(Current {
+                file,
+                number: 0,
+                size,
+                failed: false,
+            }),
+        })
+    }
+
+    /// Writes what `table` noted since the last call (its lock is held by the caller).
+    pub(super) fn flush(&self, table: &mut ObjectTable, shared: &Shared) {
+        let records = table.take_journal();
+        if records.is_empty() {
+            return;
+        }
+        self.append(RECORDS, &records);
+        let due = {
+            let current = lock(&self.file);
+            current.size > COMPACT_AT && !current.failed
+        };
+        if due {
+            self.start_anew(&table.snapshot(), shared);
+        }
+    }
+
+    pub(super) fn note_init(&self, minor: u32, request: &[u8]) {
+        let mut bytes = minor.to_le_bytes().to_vec();
+        bytes.extend_from_slice(request);
+        self.append(INIT, &bytes);
+    }
+
+    pub(super) fn note_root_attr(&self, attr: &[u8]) {
+        self.append(ROOT_ATTR, attr);
+    }
+
+    /// An entry of the redo log (its lock held by the caller, as for the next two).
+    pub(super) fn note_mutation(&self, mutation: &Mutation) {
+        self.append(REDO_ENTRY, &RedoLog::journal_entry(mutation));
+    }
+
+    pub(super) fn note_checkpoint(&self, covered: usize) {
+        self.append(REDO_CHECKPOINT, &(covered as u64).to_le_bytes());
+    }
+
+    fn append(&self, kind: u8, bytes: &[u8]) {
+        let mut current = lock(&self.file);
+        if current.failed {
+            return;
+        }
+        let frame = frame(kind, bytes);
+        match current.file.write_all(&frame) {
+            Ok(()) => current.size += frame.len() as u64,
+            Err(e) => {
+                current.failed = true;
+                tracing::error!(
+                    "writing the tracker's journal in {}: {e}; should rebound itself die, \
+                     the mount is lost",
+                    self.dir.display()
+                );
+            }
+        }
+    }
+
+    /// The next file, from a snapshot; the old one is removed once it is written.
+    fn start_anew(&self, snapshot: &ObjectSnapshot, shared: &Shared) {
+        // Locks in the order of the writers: the table's (held by the caller), the redo log's,
+        // the file's.
+        let redo = shared.redo.as_ref().map(lock);
+        let mut current = lock(&self.file);
+        let number = current.number + 1;
+        match start_file(&self.dir, number, snapshot, redo.as_deref(), shared) {
+            Ok((file, size)) => {
+                let old = std::mem::replace(
+                    &mut *current,
+                    Current {
+                        file,
+                        number,
+                        size,
+                        failed: false,
+                    },
+                );
+                let _ = std::fs::remove_file(file_path(&self.dir, old.number));
+            }
+            Err(e) => tracing::warn!(
+                "starting the tracker's journal anew in {}: {e}; it keeps growing",
+                self.dir.display()
+            ),
+        }
+    }
+
+    /// Removes the journal (the run ended: nothing is left to take over).
+    pub(super) fn remove(&self) {
+        lock(&self.file).failed = true;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Writes `journal.NUMBER` with the snapshot and what the proxy keeps beside the table.
+fn start_file(
+    dir: &Path,
+    number: u64,
+    snapshot: &ObjectSnapshot,
+    redo: Option<&RedoLog>,
+    shared: &Shared,
+) -> io::Result<(File, u64)> {
+    let encoded = postcard::to_stdvec(snapshot).map_err(io::Error::other)?;
+    let mut bytes = frame(SNAPSHOT, &encoded);
+    if let Some(redo) = redo {
+        let encoded = postcard::to_stdvec(&redo.snapshot()).map_err(io::Error::other)?;
+        bytes.extend(frame(REDO_SNAPSHOT, &encoded));
+    }
+    if let Some(init) = lock(&shared.init).as_deref() {
+        let mut init_bytes = shared.minor().to_le_bytes().to_vec();
+        init_bytes.extend_from_slice(init);
+        bytes.extend(frame(INIT, &init_bytes));
+    }
+    if let Some(attr) = lock(&shared.root_attr).as_deref() {
+        bytes.extend(frame(ROOT_ATTR, attr));
+    }
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(file_path(dir, number))?;
+    file.write_all(&bytes)?;
+    Ok((file, bytes.len() as u64))
+}
+
+/// Reads the journal in `dir`: the newest file whose snapshot is whole, replayed.
+pub fn read(dir: &Path) -> io::Result<Journaled> {
+    let mut numbers: Vec<u64> = std::fs::read_dir(dir)?
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_prefix("journal.")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    numbers.sort_unstable_by(|a, b| b.cmp(a));
+    let mut last_error = None;
+    for number in numbers {
+        let bytes = std::fs::read(file_path(dir, number))?;
+        match read_file(&bytes) {
+            Ok(journaled) => return Ok(journaled),
+            Err(e) => last_error = Some(format!("journal.{number}: {e}")),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidData,
+        last_error.unwrap_or_else(|| format!("{}: no journal", dir.display())),
+    ))
+}
+
+fn read_file(mut bytes: &[u8]) -> Result<Journaled, String> {
+    let mut frames = Vec::new();
+    while bytes.len() >= 5 {
+        let len = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        let Some(body) = bytes.get(5..5 + len) else {
+            break; // cut short by rebound's death: its reply never went out
+        };
+        frames.push((bytes[4], body));
+        bytes = &bytes[5 + len..];
+    }
+    let Some((SNAPSHOT, snapshot)) = frames.first().copied() else {
+        return Err("no whole snapshot".into());
+    };
+    let snapshot: ObjectSnapshot =
+        postcard::from_bytes(snapshot).map_err(|e| format!("snapshot: {e}"))?;
+    let mut journaled = Journaled {
+        objects: ObjectTable::from_snapshot(snapshot),
+        init: None,
+        minor: 0,
+        root_attr: None,
+        redo: None,
+    };
+    journaled.objects.take_kernel_ids_as_drivers();
+    for (kind, body) in frames.into_iter().skip(1) {
+        match kind {
+            RECORDS => {
+                journaled.objects.replay(body).map_err(|e| e.to_string())?;
+            }
+            INIT if body.len() >= 4 => {
+                journaled.minor = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
+                journaled.init = Some(body[4..].to_vec());
+            }
+            ROOT_ATTR => journaled.root_attr = Some(body.to_vec()),
+            REDO_SNAPSHOT => {
+                let snapshot = postcard::from_bytes(body).map_err(|e| format!("redo log: {e}"))?;
+                journaled.redo = Some(RedoLog::from_snapshot(snapshot));
+            }
+            REDO_ENTRY => journaled
+                .redo
+                .get_or_insert_with(RedoLog::default)
+                .replay(body)
+                .map_err(|e| format!("redo log entry: {e}"))?,
+            REDO_CHECKPOINT if body.len() == 8 => {
+                let mut count = [0u8; 8];
+                count.copy_from_slice(body);
+                if let Some(redo) = &mut journaled.redo {
+                    redo.forget_oldest(u64::from_le_bytes(count) as usize);
+                }
+            }
+            other => return Err(format!("unknown frame kind {other}")),
+        }
+    }
+    Ok(journaled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_cut_short_is_left_out_and_a_file_without_a_snapshot_is_refused() {
+        let snapshot = postcard::to_stdvec(&ObjectTable::new().snapshot()).unwrap();
+        let mut bytes = frame(SNAPSHOT, &snapshot);
+        bytes.extend(frame(ROOT_ATTR, b"attr"));
+        let whole = bytes.len();
+        bytes.extend(frame(ROOT_ATTR, b"newer attr"));
+        let journaled = read_file(&bytes[..bytes.len() - 1]).unwrap();
+        assert_eq!(journaled.root_attr.as_deref(), Some(&b"attr"[..]));
+        assert_eq!(
+            read_file(&bytes).unwrap().root_attr.as_deref(),
+            Some(&b"newer attr"[..])
+        );
+        assert!(read_file(&bytes[5..whole]).is_err());
+        assert!(read_file(&[]).is_err());
+    }
+}

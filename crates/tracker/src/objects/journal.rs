@@ -1,0 +1,219 @@
+//! The object table's changes as a log (its journal), for a successor rebound that takes the
+//! mount over after rebound itself died (SIGKILL) and left no hand-over behind.
+//!
+//! Only what the kernel holds is journaled, in the kernel's ids: a success with its reply as
+//! the kernel got it, a forget, a release, a lock taken. The driver's ids are not: a successor
+//! starts a new driver, which is restored by path like any restarted one. So a table rebuilt
+//! from a snapshot and the records after it is in the form of one built by observation (the
+//! fast path): every id the kernel holds stands for itself as the driver's too (see
+//! [`ObjectTable::take_kernel_ids_as_drivers`]), and replaying a record gives the kernel's
+//! side of the table exactly what the record's change gave it.
+//!
+//! Owns: the records' form, noting them as the table changes (once asked to), and replaying
+//! them. Must not: do I/O (the proxy writes them where they outlive rebound).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::{DriverNode, ObjectTable, PendingChange};
+
+/// One change of what the kernel holds.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum Record {
+    /// A change committed with the reply the kernel got (ids in the kernel's).
+    Success {
+        change: PendingChange,
+        reply: Vec<u8>,
+    },
+    Forget {
+        node: u64,
+        count: u64,
+    },
+    Release {
+        fh: u64,
+        dir: bool,
+    },
+    Locked {
+        fh: u64,
+        request: Vec<u8>,
+    },
+}
+
+/// Records that cannot be read back (not written by this journal, or cut short).
+#[derive(Debug, thiserror::Error)]
+#[error("unreadable journal record after {replayed} records: {source}")]
+pub struct JournalError {
+    pub replayed: usize,
+    source: postcard::Error,
+}
+
+impl ObjectTable {
+    /// From now on, every change of what the kernel holds is noted, for
+    /// [`ObjectTable::take_journal`].
+    pub fn keep_journal(&mut self) {
+        self.journal.get_or_insert_with(Vec::new);
+    }
+
+    /// The records noted since the last call (empty if none, or if no journal is kept).
+    pub fn take_journal(&mut self) -> Vec<u8> {
+        self.journal
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    pub(super) fn journaling(&self) -> bool {
+        self.journal.is_some()
+    }
+
+    pub(super) fn note(&mut self, record: &Record) {
+        if let Some(journal) = self.journal.take() {
+            // (Encoding into a Vec of plain data cannot fail; an error would lose the record.)
+            self.journal = Some(postcard::to_extend(record, journal).unwrap_or_default());
+        }
+    }
+
+    /// Makes every id the kernel holds the driver's as well, as in a table built by
+    /// observation: what a snapshot must become before records are replayed on it.
+    pub fn take_kernel_ids_as_drivers(&mut self) {
+        self.by_driver.clear();
+        for (&id, node) in &mut self.nodes {
+            node.driver = DriverNode::Known(id);
+            node.driver_lookups = node.lookups;
+            self.by_driver.insert(id, id);
+        }
+        for (&(fh, _), handle) in &mut self.handles {
+            handle.driver = Some(fh);
+        }
+    }
+
+    /// Applies the records in `bytes` (see [`ObjectTable::take_journal`]) in order. Returns
+    /// how many there were.
+    pub fn replay(&mut self, mut bytes: &[u8]) -> Result<usize, JournalError> {
+        // Not noted again while replayed.
+        let journal = self.journal.take();
+        let mut replayed = 0;
+        let result = loop {
+            if bytes.is_empty() {
+                break Ok(replayed);
+            }
+            let (record, rest) = match postcard::take_from_bytes::<Record>(bytes) {
+                Ok(parsed) => parsed,
+                Err(source) => break Err(JournalError { replayed, source }),
+            };
+            bytes = rest;
+            replayed += 1;
+            match record {
+                Record::Success { change, mut reply } => self.on_success(change, &mut reply),
+                Record::Forget { node, count } => {
+                    let _ = self.forget(node, count);
+                }
+                Record::Release { fh, dir } => {
+                    let _ = self.release(fh, dir);
+                }
+                Record::Locked { fh, request } => self.locked(fh, Arc::from(request)),
+            }
+        };
+        self.journal = journal;
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{entry_reply, open_reply};
+    use super::*;
+    use fuse_wire::change::{entry_node, open_handle};
+    use fuse_wire::Change;
+
+    /// What the kernel holds, in order: nodes with lookups and names, handles, locks.
+    fn kernel_side(table: &ObjectTable) -> String {
+        let mut nodes: Vec<_> = table
+            .nodes
+            .iter()
+            .map(|(id, n)| (*id, n.lookups, n.name.clone()))
+            .collect();
+        nodes.sort();
+        let mut handles: Vec<_> = table
+            .handles
+            .iter()
+            .map(|(k, h)| (*k, h.node, h.flags))
+            .collect();
+        handles.sort();
+        let mut locks: Vec<_> = table.locks.iter().map(|(k, v)| (*k, v.len())).collect();
+        locks.sort();
+        format!("{nodes:?} {handles:?} {locks:?}")
+    }
+
+    fn lookup(table: &mut ObjectTable, parent: u64, name: &[u8], driver: u64) -> u64 {
+        let mut reply = entry_reply(driver);
+        table.on_success(
+            PendingChange::of(Change::Entry { parent, name }),
+            &mut reply,
+        );
+        entry_node(&reply).unwrap()
+    }
+
+    fn open(table: &mut ObjectTable, node: u64, driver_fh: u64) -> u64 {
+        let change = PendingChange::of(Change::Open {
+            node,
+            flags: 2,
+            dir: false,
+        });
+        let mut reply = open_reply(driver_fh);
+        table.on_success(change, &mut reply);
+        open_handle(&reply, false).unwrap()
+    }
+
+    #[test]
+    fn a_snapshot_and_the_records_after_it_give_the_kernels_side_back() {
+        let mut table = ObjectTable::new();
+        table.keep_journal();
+        let a = lookup(&mut table, 1, b"a", 10);
+        let b = lookup(&mut table, a, b"b", 11);
+        let fh = open(&mut table, b, 0);
+        // A restarted driver: its ids differ from the kernel's from now on.
+        table.begin_generation(1);
+        let a_again = lookup(&mut table, 1, b"a", 50);
+        assert_eq!(a_again, a);
+        let snapshot = table.snapshot();
+        let _ = table.take_journal();
+
+        // After the snapshot: a node only this driver named (a fresh kernel id, as 10 and 11
+        // are the kernel's), handles that collide, forgets and a release.
+        let c = lookup(&mut table, a, b"c", 10);
+        assert_ne!(c, 10, "the kernel holds 10 already");
+        let fh2 = open(&mut table, c, 0);
+        let fh3 = open(&mut table, c, 0);
+        let _ = table.forget(b, 1);
+        let _ = table.release(fh, false);
+        let _ = lookup(&mut table, a, b"c", 10);
+        let _ = table.forget(c, 1);
+        let records = table.take_journal();
+        assert!(!records.is_empty());
+
+        let mut successor = ObjectTable::from_snapshot(snapshot);
+        successor.take_kernel_ids_as_drivers();
+        assert_eq!(successor.replay(&records).unwrap(), 7);
+        assert_eq!(kernel_side(&successor), kernel_side(&table));
+        assert!(successor.is_consistent());
+        assert!(successor.handles.contains_key(&(fh2, false)));
+        assert!(successor.handles.contains_key(&(fh3, false)));
+        // Nothing is noted while replaying, and nothing without a journal.
+        assert!(successor.take_journal().is_empty());
+    }
+
+    #[test]
+    fn an_unreadable_record_is_an_error_not_a_panic() {
+        let mut table = ObjectTable::new();
+        table.keep_journal();
+        let _ = lookup(&mut table, 1, b"a", 10);
+        let mut records = table.take_journal();
+        let whole = records.len();
+        records.extend_from_slice(&[9, 200, 1]);
+        let err = ObjectTable::new().replay(&records).unwrap_err();
+        assert_eq!(err.replayed, 1);
+        assert!(ObjectTable::new().replay(&records[..whole - 1]).is_err());
+    }
+}
