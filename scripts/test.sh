@@ -17,4 +17,4 @@ cargo test --quiet --workspace
 echo "== end-to-end tests"
 cargo build --quiet --release
 tests/setup.sh
-REBOUND_BIN="$PWD/target/release/rebound" python3 -m pytest -q -p no:cacheprovider tests/e2e "$@"
+REBOUND_BIN="$PWD/target/release/rebound" python3 -m pytest -q -p no:cacheprovider --durations=25 tests/e2e "$@"
