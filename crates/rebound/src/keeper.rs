@@ -9,12 +9,12 @@
 //! pids). A run that ends says so, and its keeper exits.
 //!
 //! If instead the socket closes without a word, rebound died. The requests it had read stay
-//! with the kernel (the keeper's references keep the queues open), and the driver sees its
-//! channel close and exits by itself: a libfuse driver flushes what it holds, as after a
-//! graceful stop. The keeper waits for the driver's processes (`restart_grace_ms`, then
-//! SIGKILL), reads the journal into a hand-over and execs `rebound run --resume`, the path a
-//! `rebound reload` takes: the successor sends the kernel's requests again, starts a new
-//! driver and restores it. Applications wait and see no error.
+//! with the kernel (the keeper's references keep the queues open). The keeper kills the
+//! driver's processes, as rebound does after a crash, reads the journal into a hand-over and
+//! execs `rebound run --resume`, the path a `rebound reload` takes: the successor sends the
+//! kernel's requests again, starts a new driver and restores it the way it restores one after
+//! a crash (the store rolled back to its last checkpoint, the redo log replayed, nodes looked
+//! up, handles reopened). Applications wait and see no error.
 //!
 //! Owns: the keeper process, both ends of its socket, the take-over after a death. Must not:
 //! touch the mount while rebound lives.
@@ -63,7 +63,6 @@ pub struct KeptMount {
     pub mountpoint: PathBuf,
     pub mounted_by_helper: bool,
     pub journal: PathBuf,
-    pub grace: Duration,
     /// The driver cgroups' `cgroup.procs` files: every process of the driver.
     pub cgroup_procs: Vec<PathBuf>,
 }
@@ -244,32 +243,25 @@ fn take_over(mount: &KeptMount, status: &MountStatus, queues: Vec<OwnedFd>) -> a
         status.rebound_pid,
         mount.mountpoint.display()
     );
-    // A standby holds nothing yet: it goes at once.
-    if let Some(pid) = status.standby_pid {
-        kill(pid);
-    }
-    let drivers_exited = wait_for_drivers(mount, status);
-    if !drivers_exited {
-        tracing::warn!(
-            "the driver did not exit within restart_grace_ms of rebound's death and was killed"
-        );
-    }
+    // As after a crash of the driver: its processes are killed, and the successor's recovery
+    // rolls its store back to the last checkpoint and replays the journaled redo log. (Left
+    // to exit by itself once its channel closes, a libfuse driver may never do so: its
+    // teardown cancels worker threads wherever they are, and one cancelled while holding the
+    // driver's own lock leaves the others waiting forever; fuse2fs and passthrough_ll did.)
+    kill_drivers(mount, status);
     let numbers: Vec<i32> = queues.iter().map(AsRawFd::as_raw_fd).collect();
-    let proxy = HandOver::from_journal(numbers, &mount.journal)
-        .with_context(|| format!("reading the journal in {}", mount.journal.display()))?;
+    let proxy = HandOver::from_journal(numbers, &mount.journal);
     let succession = Succession::after_death(
         mount,
         status.clone(),
         proxy,
         Death {
             pid: status.rebound_pid,
-            drivers_exited,
         },
     );
     let path = control::run_dir().join(format!("{}.handover", std::process::id()));
     std::fs::write(&path, serde_json::to_vec(&succession)?)
         .with_context(|| format!("writing {}", path.display()))?;
-    let _ = std::fs::remove_dir_all(&mount.journal);
     let borrowed: Vec<_> = queues.iter().map(AsFd::as_fd).collect();
     rebound_sys::fuse_dev::keep_across_exec(&borrowed, true)?;
     let exe = crate::supervisor::installed_binary()?;
@@ -282,12 +274,9 @@ fn take_over(mount: &KeptMount, status: &MountStatus, queues: Vec<OwnedFd>) -> a
     Err(e).with_context(|| format!("exec {}", exe.display()))
 }
 
-/// Waits until the dead run's driver processes are gone: true if they exited by themselves
-/// within the grace, false if some had to be killed. A driver whose threads all wait on locks
-/// without using any CPU is killed at once: libfuse's teardown after a failed read cancels
-/// its worker threads wherever they are, and one cancelled while holding the driver's own
-/// lock leaves the others waiting for it forever (seen with fuse2fs and passthrough_ll).
-fn wait_for_drivers(mount: &KeptMount, status: &MountStatus) -> bool {
+/// Kills the dead run's driver processes (the standby too) and waits, a few seconds at most,
+/// until they are gone.
+fn kill_drivers(mount: &KeptMount, status: &MountStatus) {
     let pids = || -> Vec<i32> {
         let mut pids: Vec<i32> = mount
             .cgroup_procs
@@ -299,64 +288,32 @@ fn wait_for_drivers(mount: &KeptMount, status: &MountStatus) -> bool {
                     .collect::<Vec<i32>>()
             })
             .chain(status.driver_pid)
+            .chain(status.standby_pid)
             .filter(|&pid| alive(pid))
             .collect();
         pids.sort_unstable();
         pids.dedup();
         pids
     };
-    let deadline = Instant::now() + mount.grace;
-    let mut idle_since: Option<(Instant, u64)> = None;
+    let deadline = Instant::now() + KILL_TIMEOUT;
     loop {
         let left = pids();
         if left.is_empty() {
-            return true;
+            return;
         }
-        let cpu: Option<u64> = left.iter().map(|&pid| stuck_cpu_time(pid)).sum();
-        let stuck = match (cpu, idle_since) {
-            (Some(cpu), Some((since, before))) if cpu == before => since.elapsed() >= STUCK_AFTER,
-            (Some(cpu), _) => {
-                idle_since = Some((Instant::now(), cpu));
-                false
-            }
-            (None, _) => {
-                idle_since = None;
-                false
-            }
-        };
-        if stuck || Instant::now() >= deadline {
-            for pid in &left {
-                kill(*pid);
-            }
-            let killed = Instant::now() + Duration::from_secs(5);
-            while !pids().is_empty() && Instant::now() < killed {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            return false;
+        if Instant::now() >= deadline {
+            tracing::warn!("driver processes {left:?} outlived SIGKILL; taking over anyway");
+            return;
         }
-        std::thread::sleep(Duration::from_millis(2));
+        for pid in left {
+            kill(pid);
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
-/// How long a driver's threads must all wait on locks, using no CPU, to be taken as stuck.
-const STUCK_AFTER: Duration = Duration::from_millis(100);
-
-/// The CPU time (in ticks) of `pid` if every one of its threads waits on a futex; `None` if
-/// one does anything else.
-fn stuck_cpu_time(pid: i32) -> Option<u64> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    for task in tasks.flatten() {
-        let wchan = std::fs::read_to_string(task.path().join("wchan")).ok()?;
-        if !wchan.contains("futex") {
-            return None;
-        }
-    }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    // utime and stime: fields 14 and 15 of stat, 12 and 13 after the command.
-    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
-    Some(ticks(11)? + ticks(12)?)
-}
+/// How long the dead run's driver processes may take to die.
+const KILL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Whether `pid` runs (a zombie does not: it has exited, and waits for its new parent).
 fn alive(pid: i32) -> bool {

@@ -947,7 +947,7 @@ fn write_u64(bytes: &mut [u8], at: usize, value: u64) {
 mod tests {
     use super::*;
 
-    pub(super) fn entry_reply(node: u64) -> Vec<u8> {
+    fn entry_reply(node: u64) -> Vec<u8> {
         let mut body = node.to_ne_bytes().to_vec();
         body.resize(128, 0);
         body
@@ -1012,21 +1012,21 @@ mod tests {
         );
     }
 
-    pub(super) fn open_reply(fh: u64) -> Vec<u8> {
+    fn open_reply(fh: u64) -> Vec<u8> {
         let mut body = fh.to_ne_bytes().to_vec();
         body.resize(16, 0);
         body
     }
 
     /// Looks `parent/name` up, the driver answering `driver`; returns the kernel's id.
-    fn looked_up(table: &mut ObjectTable, parent: u64, name: &[u8], driver: u64) -> u64 {
+    pub(super) fn looked_up(table: &mut ObjectTable, parent: u64, name: &[u8], driver: u64) -> u64 {
         let pending = PendingChange::of(Change::Entry { parent, name });
         let mut reply = entry_reply(driver);
         table.on_success(pending, &mut reply);
         entry_node(&reply).unwrap()
     }
 
-    fn opened(table: &mut ObjectTable, node: u64, driver_fh: u64) -> u64 {
+    pub(super) fn opened(table: &mut ObjectTable, node: u64, driver_fh: u64) -> u64 {
         let pending = PendingChange::of(Change::Open {
             node,
             flags: 2,

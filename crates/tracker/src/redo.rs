@@ -87,34 +87,38 @@ pub struct RedoSnapshot {
 /// `(request, the path of each id field, ino)`: a [`Mutation`] as plain data.
 type MutationSnapshot = (Vec<u8>, Vec<Option<Vec<Vec<u8>>>>, u64);
 
+impl Mutation {
+    fn to_plain(&self) -> MutationSnapshot {
+        let path = |p: &Path| p.iter().map(|c| c.to_vec()).collect();
+        let paths = self.paths.iter().map(|p| p.as_ref().map(path)).collect();
+        (self.request.to_vec(), paths, self.ino)
+    }
+
+    fn from_plain((request, paths, ino): MutationSnapshot) -> Mutation {
+        let paths = paths
+            .into_iter()
+            .map(|p| p.map(|p| p.into_iter().map(Vec::into_boxed_slice).collect()))
+            .collect();
+        Mutation {
+            request: request.into(),
+            paths,
+            ino,
+        }
+    }
+}
+
 impl RedoLog {
     pub fn snapshot(&self) -> RedoSnapshot {
-        let path = |p: &Path| p.iter().map(|c| c.to_vec()).collect();
         RedoSnapshot {
-            entries: self
-                .entries
-                .iter()
-                .map(|m| {
-                    let paths = m.paths.iter().map(|p| p.as_ref().map(path)).collect();
-                    (m.request.to_vec(), paths, m.ino)
-                })
-                .collect(),
+            entries: self.entries.iter().map(Mutation::to_plain).collect(),
             overflowed: self.overflowed,
         }
     }
 
     pub fn from_snapshot(snapshot: RedoSnapshot) -> RedoLog {
         let mut log = RedoLog::default();
-        for (request, paths, ino) in snapshot.entries {
-            let paths = paths
-                .into_iter()
-                .map(|p| p.map(|p| p.into_iter().map(Vec::into_boxed_slice).collect()))
-                .collect();
-            log.record(Mutation {
-                request: request.into(),
-                paths,
-                ino,
-            });
+        for entry in snapshot.entries {
+            log.record(Mutation::from_plain(entry));
         }
         log.overflowed |= snapshot.overflowed;
         log
@@ -155,28 +159,12 @@ impl RedoLog {
 
     /// One entry as bytes, for a journal that outlives rebound (see [`RedoLog::replay`]).
     pub fn journal_entry(mutation: &Mutation) -> Vec<u8> {
-        let path = |p: &Path| p.iter().map(|c| c.to_vec()).collect();
-        let paths: Vec<_> = mutation
-            .paths
-            .iter()
-            .map(|p| p.as_ref().map(path))
-            .collect();
-        let entry: MutationSnapshot = (mutation.request.to_vec(), paths, mutation.ino);
-        postcard::to_stdvec(&entry).unwrap_or_default()
+        postcard::to_stdvec(&mutation.to_plain()).unwrap_or_default()
     }
 
     /// Records an entry written by [`RedoLog::journal_entry`].
     pub fn replay(&mut self, bytes: &[u8]) -> Result<(), postcard::Error> {
-        let (request, paths, ino): MutationSnapshot = postcard::from_bytes(bytes)?;
-        let paths = paths
-            .into_iter()
-            .map(|p| p.map(|p| p.into_iter().map(Vec::into_boxed_slice).collect()))
-            .collect();
-        self.record(Mutation {
-            request: request.into(),
-            paths,
-            ino,
-        });
+        self.record(Mutation::from_plain(postcard::from_bytes(bytes)?));
         Ok(())
     }
 

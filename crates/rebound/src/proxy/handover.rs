@@ -14,7 +14,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -36,23 +36,51 @@ pub struct HandOver {
     redo: Option<RedoSnapshot>,
     generations: u64,
     store_changed: bool,
+    /// After rebound's death: the journal to read the rest from (the successor reads it, in
+    /// its compact form, rather than the keeper writing it all out again here).
+    #[serde(default)]
+    journal: Option<PathBuf>,
 }
 
 impl HandOver {
     /// What a successor needs after rebound died (see `keeper`): the kernel queues its
-    /// keeper held, by descriptor number (open across `execve`), and the journal in `dir`.
-    /// The driver's ids are not in it: every node is looked up again, as after any failure.
-    pub fn from_journal(queues: Vec<i32>, dir: &Path) -> io::Result<HandOver> {
-        let journaled = super::journal::read(dir)?;
-        Ok(HandOver {
+    /// keeper held, by descriptor number (open across `execve`), and the journal in `dir`,
+    /// which the successor reads (and removes).
+    pub fn from_journal(queues: Vec<i32>, dir: &Path) -> HandOver {
+        HandOver {
             queues,
+            objects: ObjectTable::new().snapshot(),
+            init: None,
+            minor: 0,
+            root_attr: None,
+            redo: None,
+            generations: 0,
+            store_changed: false,
+            journal: Some(dir.to_path_buf()),
+        }
+    }
+
+    /// The journal's state in place of what this hand-over holds, if it names one. The
+    /// driver's ids are not in it: every node is looked up again, as after any failure.
+    fn read_journal(mut self) -> io::Result<HandOver> {
+        let Some(dir) = self.journal.take() else {
+            return Ok(self);
+        };
+        let journaled = super::journal::read(&dir).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("reading the journal in {}: {e}", dir.display()),
+            )
+        })?;
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(HandOver {
             generations: journaled.objects.generation(),
             objects: journaled.objects.snapshot(),
             init: journaled.init,
             minor: journaled.minor,
             root_attr: journaled.root_attr,
             redo: journaled.redo.map(|r| r.snapshot()),
-            store_changed: false,
+            ..self
         })
     }
 }
@@ -104,6 +132,7 @@ impl Proxy {
                 .map(|r| r.lock().unwrap_or_else(|e| e.into_inner()).snapshot()),
             generations: shared.generations.load(Ordering::Relaxed),
             store_changed: shared.store_changed.load(Ordering::Relaxed),
+            journal: None,
         }
     }
 
@@ -111,6 +140,7 @@ impl Proxy {
     /// state, waiting for a driver (requests park until one is restored, as after a
     /// failure). The kernel is asked to send again what the predecessor had read.
     pub fn resume(state: HandOver, events: UnixStream, options: ProxyOptions) -> io::Result<Proxy> {
+        let state = state.read_journal()?;
         let queues = state
             .queues
             .iter()

@@ -37,6 +37,12 @@ pub struct DriverCommand {
 }
 
 impl DriverCommand {
+    /// The command line as bytes (for a successor: argv need not be UTF-8).
+    pub fn argv_bytes(&self) -> Vec<Vec<u8>> {
+        use std::os::unix::ffi::OsStrExt;
+        self.argv.iter().map(|a| a.as_bytes().to_vec()).collect()
+    }
+
     /// The driver `argv` names, its executable found as `execvp` would from the current
     /// directory and opened. Fails, naming it, if there is no such file.
     pub fn new(argv: Vec<OsString>) -> anyhow::Result<DriverCommand> {

@@ -234,14 +234,18 @@ impl Run<'_> {
 
     /// Fast mode, once the failed driver is gone: the proxy serves the kernel's queue from now
     /// on, with the requests the driver had read put back in it.
-    fn take_over_queue(&self) {
+    fn take_over_queue(&mut self) {
         if let Some(s) = &self.served {
             match s.proxy.take_over() {
-                Ok(true) => tracing::info!(
-                    "the proxy took the kernel's queue over from the failed driver; {} is \
-                     guarded from now on",
-                    s.mountpoint.display()
-                ),
+                Ok(true) => {
+                    tracing::info!(
+                        "the proxy took the kernel's queue over from the failed driver; {} is \
+                         guarded from now on",
+                        s.mountpoint.display()
+                    );
+                    // Guarded now: rebound's death can be survived from here on.
+                    self.keep_mount();
+                }
                 Ok(false) => {}
                 Err(e) => tracing::error!("taking the kernel's queue over: {e}"),
             }

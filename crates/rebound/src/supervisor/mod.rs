@@ -29,7 +29,6 @@ use std::collections::{BTreeSet, VecDeque};
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
@@ -181,7 +180,7 @@ pub fn run(
     let driver_name = command.name.clone();
     // Before rebound is child subreaper (a reloaded rebound still is): the keeper must not
     // become its descendant.
-    let keeper = if config.keeper && config.mode == crate::config::Mode::Guarded {
+    let keeper = if config.keeper {
         let _ = rustix::process::set_child_subreaper(None);
         Keeper::spawn()
             .inspect_err(|e| {
@@ -924,23 +923,17 @@ impl Run<'_> {
             return;
         };
         if s.proxy.is_beside() {
-            // The driver serves the kernel's queue itself; rebound's death leaves it serving.
-            self.keeper = None;
+            // The driver serves the kernel's queue itself, and rebound's death leaves it
+            // serving; the mount is kept once the proxy takes the queue over.
             return;
         }
         let journal = crate::keeper::journal_dir(std::process::id());
         let kept = KeptMount {
-            argv: self
-                .command
-                .argv
-                .iter()
-                .map(|a| a.as_bytes().to_vec())
-                .collect(),
+            argv: self.command.argv_bytes(),
             config: self.config.source.clone(),
             mountpoint: s.mountpoint.clone(),
             mounted_by_helper: s.mounted_by_helper,
             journal: journal.clone(),
-            grace: self.config.restart_grace(),
             cgroup_procs: self
                 .cgroup
                 .iter()

@@ -16,7 +16,7 @@
 //! the file says and the descriptors it names.
 
 use std::ffi::OsString;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -53,10 +53,6 @@ pub struct Succession {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Death {
     pub pid: u32,
-    /// Its driver exited by itself after rebound's death (a libfuse driver flushes what it
-    /// holds), rather than being killed. Either way the successor goes back to the last
-    /// checkpoint and replays the journaled redo log, as after a crash of the driver.
-    pub drivers_exited: bool,
 }
 
 impl Succession {
@@ -156,12 +152,7 @@ impl Run<'_> {
     fn exec_successor(&mut self) -> anyhow::Result<()> {
         let s = self.served.as_ref().context("nothing served")?;
         let succession = Succession {
-            argv: self
-                .command
-                .argv
-                .iter()
-                .map(|a| a.as_bytes().to_vec())
-                .collect(),
+            argv: self.command.argv_bytes(),
             config: self.config.source.clone(),
             mountpoint: s.mountpoint.clone(),
             mounted_by_helper: s.mounted_by_helper,

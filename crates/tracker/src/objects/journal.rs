@@ -122,10 +122,8 @@ impl ObjectTable {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{entry_reply, open_reply};
+    use super::super::tests::{looked_up as lookup, opened as open};
     use super::*;
-    use fuse_wire::change::{entry_node, open_handle};
-    use fuse_wire::Change;
 
     /// What the kernel holds, in order: nodes with lookups and names, handles, locks.
     fn kernel_side(table: &ObjectTable) -> String {
@@ -144,26 +142,6 @@ mod tests {
         let mut locks: Vec<_> = table.locks.iter().map(|(k, v)| (*k, v.len())).collect();
         locks.sort();
         format!("{nodes:?} {handles:?} {locks:?}")
-    }
-
-    fn lookup(table: &mut ObjectTable, parent: u64, name: &[u8], driver: u64) -> u64 {
-        let mut reply = entry_reply(driver);
-        table.on_success(
-            PendingChange::of(Change::Entry { parent, name }),
-            &mut reply,
-        );
-        entry_node(&reply).unwrap()
-    }
-
-    fn open(table: &mut ObjectTable, node: u64, driver_fh: u64) -> u64 {
-        let change = PendingChange::of(Change::Open {
-            node,
-            flags: 2,
-            dir: false,
-        });
-        let mut reply = open_reply(driver_fh);
-        table.on_success(change, &mut reply);
-        open_handle(&reply, false).unwrap()
     }
 
     #[test]
