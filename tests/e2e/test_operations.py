@@ -551,3 +551,37 @@ def test_rebound_survives_its_own_death_under_a_verifying_workload(mount, driver
         assert f"unmounted {m.mnt}" in m.output(), explain(m, "no unmount")
         m.proc.wait(timeout=10)
         m.stopped, m.returncode = True, None
+
+
+@pytest.mark.recovery
+def test_in_fast_mode_rebound_s_death_is_survived_once_the_proxy_serves(mount):
+    """In fast mode the first driver serves the kernel's queue; after its first failure the
+    proxy does, and from then on rebound's own death is survived as in guarded mode: a file
+    open across both deaths reads and writes on."""
+    with mount("passthrough_ll", "rebound", config='mode = "fast"\n') as m:
+        first = wait_serving(m)
+        assert first["data_path"] == "fast", first
+        path = m.mnt / "kept"
+        with open(path, "w+b", buffering=0) as f:
+            f.write(b"before;")
+            assert chaos.signal_descendant(first["driver_pid"], first["rebound_pid"],
+                                           signal.SIGKILL)
+            guarded = wait_status(m.mnt, lambda s: serving(s) and s["data_path"] == "guarded"
+                                  and s["driver_pid"] != first["driver_pid"],
+                                  chaos.RECOVER_TIMEOUT)
+            assert guarded is not None, explain(m, "no take-over")
+            f.write(b"between;")
+            os.kill(guarded["rebound_pid"], signal.SIGKILL)
+            after = wait_status(m.mnt, lambda s: serving(s) and
+                                s["rebound_pid"] != guarded["rebound_pid"],
+                                chaos.RECOVER_TIMEOUT)
+            assert after is not None and after["rebound_deaths"] == 1, explain(m, "no successor")
+            f.write(b"after")
+            f.seek(0)
+            assert f.read() == b"before;between;after"
+        assert path.read_bytes() == b"before;between;after"
+        last = after["rebound_pid"]
+        os.kill(last, signal.SIGTERM)
+        assert mounts.wait_for(lambda: not mounts.alive(last), mounts.STOP_TIMEOUT)
+        m.proc.wait(timeout=10)
+        m.stopped, m.returncode = True, None

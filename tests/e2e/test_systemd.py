@@ -14,6 +14,7 @@ whose loop stops is found by the watchdog and restarted on a clean mount point, 
 `systemctl stop` unmounts.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -97,7 +98,11 @@ class Container:
         return self.run("cat", str(self.mnt / rel), check=False)
 
     def stop(self):
-        os.killpg(self.proc.pid, signal.SIGKILL)  # PID 1 of the namespace: all of it goes
+        # The namespace's PID 1 (systemd, in a session of its own): with it, all of the
+        # namespace goes. Then unshare and its shell.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid1, signal.SIGKILL)
+        os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         self.log.close()
 

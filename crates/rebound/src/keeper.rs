@@ -117,7 +117,11 @@ impl Keeper {
         {
             return;
         }
-        let status = snapshot();
+        self.status_now(snapshot());
+    }
+
+    /// Sends the mount's status now if it changed.
+    pub fn status_now(&mut self, status: MountStatus) {
         if self
             .last_status
             .as_ref()

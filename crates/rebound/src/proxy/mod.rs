@@ -558,6 +558,12 @@ impl Proxy {
         }
     }
 
+    /// Whether the kernel's INIT has been answered (by this proxy or, for a successor, its
+    /// predecessor's).
+    pub fn initialized(&self) -> bool {
+        self.shared.minor() > 0
+    }
+
     /// rebound's kernel queues, to be kept by a process that outlives it.
     pub fn kernel_queues_fds(&self) -> Vec<BorrowedFd<'_>> {
         self.shared.queues.iter().map(|q| q.as_fd()).collect()

@@ -919,7 +919,7 @@ impl Run<'_> {
     /// know) and starts the tracker's journal. Without either, rebound's death loses the
     /// mount (said once).
     fn keep_mount(&mut self) {
-        let (Some(keeper), Some(s)) = (&self.keeper, &self.served) else {
+        let (Some(keeper), Some(s)) = (&mut self.keeper, &self.served) else {
             return;
         };
         if s.proxy.is_beside() {
@@ -945,11 +945,15 @@ impl Run<'_> {
             .proxy
             .keep_journal(&journal)
             .and_then(|()| keeper.keep_mount(&kept, &s.proxy.kernel_queues_fds()));
-        if let Err(e) = kept {
-            tracing::warn!(
-                "the keeper cannot keep the mount ({e}): should rebound die, it is lost"
-            );
-            self.end_keeping();
+        match kept {
+            // (The periodic one may not come before a death: the keeper's must be current.)
+            Ok(()) => keeper.status_now(self.board.snapshot()),
+            Err(e) => {
+                tracing::warn!(
+                    "the keeper cannot keep the mount ({e}): should rebound die, it is lost"
+                );
+                self.end_keeping();
+            }
         }
     }
 

@@ -199,8 +199,11 @@ impl Run<'_> {
             .attach(proxy.stats.clone(), Box::new(proxy.held_objects_reader()));
         let status = succession.status;
         let died = succession.death.is_some();
+        // (A keeper's status may be older than the kernel's INIT: the journal is not.)
+        let ready = status.ready || proxy.initialized();
         self.board.update(|b| {
             *b = MountStatus {
+                ready,
                 state: "recovering".into(),
                 driver_pid: None,
                 standby_pid: None,
