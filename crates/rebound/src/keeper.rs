@@ -56,7 +56,7 @@ enum ToKeeper {
 }
 
 /// What a successor must know of a run, beside its status and the journal.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct KeptMount {
     pub argv: Vec<Vec<u8>>,
     pub config: Option<PathBuf>,
@@ -103,8 +103,8 @@ impl Keeper {
     }
 
     /// Gives the keeper the mount: its description and its kernel queues.
-    pub fn keep_mount(&self, mount: &KeptMount, queues: &[BorrowedFd<'_>]) -> io::Result<()> {
-        send(&self.socket, &ToKeeper::Mount(mount.clone()), queues)
+    pub fn keep_mount(&self, mount: KeptMount, queues: &[BorrowedFd<'_>]) -> io::Result<()> {
+        send(&self.socket, &ToKeeper::Mount(mount), queues)
     }
 
     /// Sends the mount's status (taken from `snapshot`) if it changed, at most every

@@ -944,7 +944,7 @@ impl Run<'_> {
         let kept = s
             .proxy
             .keep_journal(&journal)
-            .and_then(|()| keeper.keep_mount(&kept, &s.proxy.kernel_queues_fds()));
+            .and_then(|()| keeper.keep_mount(kept, &s.proxy.kernel_queues_fds()));
         match kept {
             // (The periodic one may not come before a death: the keeper's must be current.)
             Ok(()) => keeper.status_now(self.board.snapshot()),
