@@ -12,7 +12,7 @@
 //! supervisor does).
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -110,8 +110,7 @@ impl Proxy {
 
     /// Keeps the kernel queues open across `execve`, or (`keep` false) no longer.
     pub fn keep_queues_across_exec(&self, keep: bool) -> io::Result<()> {
-        let queues: Vec<_> = self.shared.queues.iter().map(|q| q.as_fd()).collect();
-        rebound_sys::fuse_dev::keep_across_exec(&queues, keep)
+        rebound_sys::fuse_dev::keep_across_exec(&self.kernel_queues_fds(), keep)
     }
 
     /// The proxy's state, for a successor (see [`Proxy::keep_queues_across_exec`]).
