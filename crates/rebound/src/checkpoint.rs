@@ -7,32 +7,48 @@
 //! Both clones are reflinks (`FICLONE`: XFS, btrfs): they share blocks instead of copying
 //! them, so their cost follows the image's extents, not its size.
 //!
-//! Owns: the checkpoint file beside the image, and the order of clones and roll-backs. Must
+//! Checkpoints are numbered as the redo log counts them (`RedoLog::checkpoints`), each in a
+//! file of its own beside the image, `.NAME.rebound-checkpoint.N`: a clone cut short (XFS
+//! stops a reflink at a fatal signal, and rebound may be SIGKILLed at any moment) or made but
+//! not yet recorded in the redo log is never the one rolled back to. The one before the latest
+//! is kept too, for a successor whose hand-over was taken just before the latest.
+//!
+//! Owns: the checkpoint files beside the image, and the order of clones and roll-backs. Must
 //! not: talk to the driver (the proxy quiesces and flushes it before a checkpoint).
 
+use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// A driver's image and its last checkpoint.
+/// A driver's image and its checkpoints.
 #[derive(Debug)]
 pub struct ImageCheckpoint {
     image: PathBuf,
-    checkpoint: PathBuf,
+    /// `.NAME.rebound-checkpoint.` beside the image: checkpoint N is this followed by N.
+    prefix: PathBuf,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
     /// How many roll-backs there have been: a checkpoint started before one must not land
     /// after it (it would record as durable what the roll-back just undid).
-    rollbacks: Mutex<u64>,
+    rollbacks: u64,
+    /// The number of the checkpoint a roll-back goes back to.
+    current: u64,
 }
 
 impl ImageCheckpoint {
-    /// Takes the first checkpoint, of the image as it is before any driver opened it. Fails
-    /// with a one-line reason when the image's file system cannot clone files.
+    /// Takes the first checkpoint (number 0), of the image as it is before any driver opened
+    /// it. Fails with a one-line reason when the image's file system cannot clone files.
     pub fn new(image: &Path) -> Result<ImageCheckpoint, String> {
         let this = ImageCheckpoint::beside(image)?;
-        clone_file(&this.image, &this.checkpoint).map_err(|e| {
-            let _ = std::fs::remove_file(&this.checkpoint);
+        this.remove_all_but(&[]);
+        clone_file(&this.image, &this.file(0)).map_err(|e| {
+            this.remove_all_but(&[]);
             let hint = if e.raw_os_error() == Some(libc::EOPNOTSUPP)
                 || e.raw_os_error() == Some(libc::EXDEV)
                 || e.raw_os_error() == Some(libc::EINVAL)
@@ -50,71 +66,133 @@ impl ImageCheckpoint {
         Ok(this)
     }
 
-    /// The checkpoint a predecessor rebound left beside `image` (`rebound reload`), with the
-    /// redo log it handed over: what a roll-back then replays from.
+    /// The checkpoints a predecessor rebound left beside `image` (`rebound reload`, or its
+    /// death). Which one the redo log it handed over follows is known only once the hand-over
+    /// is read: see [`ImageCheckpoint::follow`].
     pub fn adopt(image: &Path) -> Result<ImageCheckpoint, String> {
         let this = ImageCheckpoint::beside(image)?;
-        if !this.checkpoint.is_file() {
+        if this.numbers().is_empty() {
             return Err(format!(
-                "image = {}: no checkpoint at {} to take over",
+                "image = {}: no checkpoint beside it ({}N) to take over",
                 this.image.display(),
-                this.checkpoint.display()
+                this.prefix.display()
             ));
         }
         Ok(this)
     }
 
-    /// The image and where its checkpoint lives (a hidden file beside it).
+    /// The adopted redo log follows checkpoint `number`: roll-backs go back to it, and the
+    /// other files (a clone cut short, or one its log never recorded) are removed.
+    pub fn follow(&self, number: u64) -> io::Result<()> {
+        if !self.file(number).is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "the redo log follows image checkpoint {number}, which is not at {}",
+                    self.file(number).display()
+                ),
+            ));
+        }
+        self.lock().current = number;
+        self.remove_all_but(&[number]);
+        Ok(())
+    }
+
     fn beside(image: &Path) -> Result<ImageCheckpoint, String> {
         let image = std::path::absolute(image).map_err(|e| format!("image: {e}"))?;
         let name = image
             .file_name()
             .ok_or_else(|| format!("image = {}: not a file", image.display()))?;
-        let mut hidden = std::ffi::OsString::from(".");
+        let mut hidden = OsString::from(".");
         hidden.push(name);
-        hidden.push(".rebound-checkpoint");
-        let checkpoint = image.with_file_name(hidden);
+        hidden.push(".rebound-checkpoint.");
+        let prefix = image.with_file_name(hidden);
         Ok(ImageCheckpoint {
             image,
-            checkpoint,
-            rollbacks: Mutex::new(0),
+            prefix,
+            state: Mutex::new(State::default()),
         })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn file(&self, number: u64) -> PathBuf {
+        let mut path = self.prefix.clone().into_os_string();
+        path.push(number.to_string());
+        PathBuf::from(path)
+    }
+
+    /// The numbers of the checkpoint files beside the image.
+    fn numbers(&self) -> Vec<u64> {
+        let (Some(dir), Some(prefix)) = (self.prefix.parent(), self.prefix.file_name()) else {
+            return Vec::new();
+        };
+        let prefix = prefix.to_string_lossy();
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.file_name();
+                name.to_str()?.strip_prefix(prefix.as_ref())?.parse().ok()
+            })
+            .collect()
+    }
+
+    fn remove_all_but(&self, kept: &[u64]) {
+        for number in self.numbers() {
+            if !kept.contains(&number) {
+                let _ = std::fs::remove_file(self.file(number));
+            }
+        }
     }
 
     /// How many roll-backs there have been; pass it to [`ImageCheckpoint::take`].
     pub fn rollbacks(&self) -> u64 {
-        *self.rollbacks.lock().unwrap_or_else(|e| e.into_inner())
+        self.lock().rollbacks
     }
 
-    /// Clones the image into the checkpoint, unless a roll-back came since `rollbacks` was
-    /// read, and then runs `covered` (dropping what the checkpoint holds from the redo log)
-    /// before any roll-back can start. Returns how long the clone took, or `None` if skipped.
-    pub fn take(&self, rollbacks: u64, covered: impl FnOnce()) -> io::Result<Option<Duration>> {
-        let count = self.rollbacks.lock().unwrap_or_else(|e| e.into_inner());
-        if *count != rollbacks {
+    /// Clones the image into checkpoint `number`, unless a roll-back came since `rollbacks`
+    /// was read, and then runs `covered` (dropping what the checkpoint holds from the redo
+    /// log, which then counts `number` checkpoints) before any roll-back can start. Returns
+    /// how long the clone took, or `None` if skipped.
+    pub fn take(
+        &self,
+        rollbacks: u64,
+        number: u64,
+        covered: impl FnOnce(),
+    ) -> io::Result<Option<Duration>> {
+        let mut state = self.lock();
+        if state.rollbacks != rollbacks {
             return Ok(None);
         }
         let started = Instant::now();
-        clone_file(&self.image, &self.checkpoint)?;
+        if let Err(e) = clone_file(&self.image, &self.file(number)) {
+            let _ = std::fs::remove_file(self.file(number));
+            return Err(e);
+        }
         covered();
-        drop(count);
+        let previous = std::mem::replace(&mut state.current, number);
+        self.remove_all_but(&[previous, number]);
         Ok(Some(started.elapsed()))
     }
 
-    /// Clones the checkpoint back over the image (same file, so the driver's command line still
-    /// names it). Only while no driver has the image open.
+    /// Clones the current checkpoint back over the image (same file, so the driver's command
+    /// line still names it). Only while no driver has the image open.
     pub fn roll_back(&self) -> io::Result<Duration> {
-        let mut count = self.rollbacks.lock().unwrap_or_else(|e| e.into_inner());
-        *count += 1;
+        let mut state = self.lock();
+        state.rollbacks += 1;
         let started = Instant::now();
-        clone_file(&self.checkpoint, &self.image)?;
+        clone_file(&self.file(state.current), &self.image)?;
         Ok(started.elapsed())
     }
 }
 
 impl Drop for ImageCheckpoint {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.checkpoint);
+        self.remove_all_but(&[]);
     }
 }
 
@@ -148,8 +226,43 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    #[test]
+    fn a_successor_follows_the_checkpoint_its_redo_log_names_and_removes_the_others() {
+        // As rebound's death leaves them: checkpoint 3, the one before it, and 4, a clone
+        // that was cut short or never recorded in the redo log.
+        let dir = tempdir_in("/dev/shm");
+        let image = dir.join("disk.img");
+        std::fs::write(&image, b"state").unwrap();
+        for number in [2, 3, 4] {
+            std::fs::write(
+                dir.join(format!(".disk.img.rebound-checkpoint.{number}")),
+                b"",
+            )
+            .unwrap();
+        }
+        std::fs::write(dir.join(".disk.img.rebound-checkpoint.x"), b"").unwrap();
+        let adopted = ImageCheckpoint::adopt(&image).unwrap();
+        assert!(adopted.follow(5).is_err(), "a checkpoint that is not there");
+        adopted.follow(3).unwrap();
+        let mut left = adopted.numbers();
+        left.sort_unstable();
+        assert_eq!(left, vec![3]);
+        assert_eq!(adopted.lock().current, 3);
+        drop(adopted);
+        assert!(ImageCheckpoint::adopt(&image)
+            .unwrap_err()
+            .contains("no checkpoint"));
+        assert!(
+            dir.join(".disk.img.rebound-checkpoint.x").exists(),
+            "not a checkpoint's name"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     fn tempdir_in(parent: &str) -> PathBuf {
-        let dir = Path::new(parent).join(format!("rebound-ckpt-test-{}", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = Path::new(parent).join(format!("rebound-ckpt-test-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }

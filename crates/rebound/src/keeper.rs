@@ -319,15 +319,20 @@ fn kill_drivers(mount: &KeptMount, status: &MountStatus) {
 /// How long the dead run's driver processes may take to die.
 const KILL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Whether `pid` runs (a zombie does not: it has exited, and waits for its new parent).
+/// Whether any thread of `pid` runs. A zombie has exited and waits for its new parent, but
+/// its leader is a zombie as soon as it has exited itself, while its other threads may still
+/// be writing to the driver's image: the successor must not roll the image back under them.
 fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command, which is in parentheses and may hold any byte.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
-        Err(_) => false,
-    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command, which is in parentheses and may hold any byte.
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
+        })
+    })
 }
 
 fn kill(pid: i32) {

@@ -50,6 +50,9 @@ pub struct RedoLog {
     dropped: u64,
     /// The log overflowed and was dropped since the last checkpoint.
     pub overflowed: bool,
+    /// How many checkpoints have covered entries since the mount began: the entries follow
+    /// the state of checkpoint number `checkpoints` (an image checkpoint's file is named by it).
+    checkpoints: u64,
     /// Regular files lately written, most recent first: a checkpoint opens one to flush.
     written: VecDeque<u64>,
 }
@@ -82,10 +85,19 @@ pub struct RedoSnapshot {
     /// Oldest first.
     entries: Vec<MutationSnapshot>,
     overflowed: bool,
+    #[serde(default)]
+    checkpoints: u64,
 }
 
 /// `(request, the path of each id field, ino)`: a [`Mutation`] as plain data.
 type MutationSnapshot = (Vec<u8>, Vec<Option<Vec<Vec<u8>>>>, u64);
+
+impl RedoSnapshot {
+    /// See [`RedoLog::checkpoints`].
+    pub fn checkpoints(&self) -> u64 {
+        self.checkpoints
+    }
+}
 
 impl Mutation {
     fn to_plain(&self) -> MutationSnapshot {
@@ -112,6 +124,7 @@ impl RedoLog {
         RedoSnapshot {
             entries: self.entries.iter().map(Mutation::to_plain).collect(),
             overflowed: self.overflowed,
+            checkpoints: self.checkpoints,
         }
     }
 
@@ -121,6 +134,7 @@ impl RedoLog {
             log.record(Mutation::from_plain(entry));
         }
         log.overflowed |= snapshot.overflowed;
+        log.checkpoints = snapshot.checkpoints;
         log
     }
 
@@ -141,8 +155,14 @@ impl RedoLog {
         self.dropped + self.entries.len() as u64
     }
 
-    /// A checkpoint started at `mark` succeeded: what it covers is durable in the driver.
-    /// Returns how many entries it covered.
+    /// The number of the checkpoint the entries follow (0: the state at the mount's start).
+    pub fn checkpoints(&self) -> u64 {
+        self.checkpoints
+    }
+
+    /// A checkpoint started at `mark` succeeded: what it covers is durable in the driver, and
+    /// it is checkpoint number [`RedoLog::checkpoints`] from now on. Returns how many entries
+    /// it covered.
     pub fn checkpointed(&mut self, mark: u64) -> usize {
         let covered = mark
             .saturating_sub(self.dropped)
@@ -154,6 +174,7 @@ impl RedoLog {
         self.entries.drain(..covered);
         self.dropped += covered as u64;
         self.overflowed = false;
+        self.checkpoints += 1;
         covered
     }
 
@@ -241,6 +262,21 @@ mod tests {
         let back = RedoLog::from_snapshot(serde_json::from_str(&json).unwrap());
         assert_eq!(back.entries(), log.entries());
         assert_eq!(back.bytes, log.bytes);
+    }
+
+    #[test]
+    fn the_checkpoint_the_entries_follow_is_counted_through_snapshots_and_journals() {
+        let mut log = RedoLog::default();
+        log.record(mutation(10));
+        log.checkpointed(log.mark());
+        log.record(mutation(20));
+        assert_eq!(log.checkpoints(), 1);
+        let mut back = RedoLog::from_snapshot(log.snapshot());
+        assert_eq!(back.checkpoints(), 1);
+        assert_eq!(back.snapshot().checkpoints(), 1);
+        // A journal's checkpoint record, read back, counts as the checkpoint did.
+        back.forget_oldest(1);
+        assert_eq!((back.checkpoints(), back.len()), (2, 0));
     }
 
     #[test]

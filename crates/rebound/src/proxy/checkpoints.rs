@@ -112,9 +112,10 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
             tracing::debug!("checkpoint put off: requests still in flight");
             continue;
         }
-        let (mark, candidates) = {
+        // Only this thread checkpoints: the number the log counts after this one holds.
+        let (mark, candidates, number) = {
             let log = redo.lock().unwrap_or_else(|e| e.into_inner());
-            (log.mark(), log.flush_candidates())
+            (log.mark(), log.flush_candidates(), log.checkpoints() + 1)
         };
         let rollbacks = quiet.as_ref().map(|(_, image)| image.rollbacks());
         let covered = || {
@@ -138,7 +139,7 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
             continue;
         }
         match quiet.as_ref().zip(rollbacks) {
-            Some(((_, image), rollbacks)) => match image.take(rollbacks, covered) {
+            Some(((_, image), rollbacks)) => match image.take(rollbacks, number, covered) {
                 Ok(Some(_)) => {}
                 Ok(None) => continue,
                 Err(e) => {

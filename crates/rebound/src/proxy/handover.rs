@@ -151,6 +151,9 @@ impl Proxy {
                 "no kernel queue",
             ));
         }
+        if let Some(image) = &options.image {
+            image.follow(state.redo.as_ref().map_or(0, RedoSnapshot::checkpoints))?;
+        }
         let link = Link::Recovering { attached: None };
         let proxy = Proxy::launch(queues, events, &options, link, |shared| {
             shared.objects = ObjectTable::from_snapshot(state.objects).into();
