@@ -555,7 +555,7 @@ def test_budget_spent_unmount_exits_1_and_unmounts(rebound_bin):
         assert rc == 1, explain(m, f"rebound exited {rc}")
         assert not is_mounted(m.mnt), "still mounted after rebound exited"
         assert wait_for(lambda: not m.leftover_processes(), 5.0), \
-            f"processes left behind: {m.leftover_processes()}"
+            explain(m, f"processes left behind: {m.leftover_processes()}")
 
 
 # --- what cannot be recovered ------------------------------------------------------------------

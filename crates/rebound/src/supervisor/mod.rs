@@ -968,7 +968,7 @@ impl Run<'_> {
     }
 
     /// Enters the stopping phase; with `signal`, asks every driver process to terminate.
-    fn stopping(&mut self, signal: bool, exit_code: i32) -> Phase {
+    pub(super) fn stopping(&mut self, signal: bool, exit_code: i32) -> Phase {
         self.board.update(|s| s.state = "stopping".into());
         self.service.stopping();
         // Stopped on purpose: rebound's death from now on must not bring the mount back.

@@ -228,14 +228,9 @@ impl Run<'_> {
                 );
                 unmount(&s.mountpoint);
                 s.proxy.fail_requests();
-                self.board.update(|b| b.state = "stopping".into());
-                // No driver process is left: the run ends on the next turn, with failure.
-                self.phase = Phase::Stopping {
-                    deadline: Instant::now() + self.config.stop_timeout(),
-                    killed: false,
-                    exit_code: 1,
-                    driver_initiated: false,
-                };
+                // The driver is dead, but a standby may be starting: it goes too, and the
+                // keeper is told (the run ends on purpose, with failure).
+                self.phase = self.stopping(true, 1);
             }
         }
     }
