@@ -16,7 +16,8 @@
 //! Owns: the checkpoint files beside the image, and the order of clones and roll-backs. Must
 //! not: talk to the driver (the proxy quiesces and flushes it before a checkpoint).
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -71,6 +72,13 @@ impl ImageCheckpoint {
     /// is read: see [`ImageCheckpoint::follow`].
     pub fn adopt(image: &Path) -> Result<ImageCheckpoint, String> {
         let this = ImageCheckpoint::beside(image)?;
+        // A predecessor from before checkpoints were numbered kept one file, unnumbered, and
+        // handed over a redo log that counts none: it is checkpoint 0.
+        let prefix = this.prefix.as_os_str().as_bytes();
+        let unnumbered = Path::new(OsStr::from_bytes(&prefix[..prefix.len() - 1]));
+        if this.numbers().is_empty() && unnumbered.is_file() {
+            let _ = std::fs::rename(unnumbered, this.file(0));
+        }
         if this.numbers().is_empty() {
             return Err(format!(
                 "image = {}: no checkpoint beside it ({}N) to take over",
@@ -256,6 +264,19 @@ mod tests {
             dir.join(".disk.img.rebound-checkpoint.x").exists(),
             "not a checkpoint's name"
         );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_unnumbered_checkpoint_of_an_older_predecessor_is_checkpoint_0() {
+        let dir = tempdir_in("/dev/shm");
+        let image = dir.join("disk.img");
+        std::fs::write(&image, b"state").unwrap();
+        std::fs::write(dir.join(".disk.img.rebound-checkpoint"), b"then").unwrap();
+        let adopted = ImageCheckpoint::adopt(&image).unwrap();
+        adopted.follow(0).unwrap();
+        assert_eq!(std::fs::read(adopted.file(0)).unwrap(), b"then");
+        drop(adopted);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
