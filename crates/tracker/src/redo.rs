@@ -97,6 +97,19 @@ impl RedoSnapshot {
     pub fn checkpoints(&self) -> u64 {
         self.checkpoints
     }
+
+    /// A snapshot in postcard (a journal's), also one written before checkpoints were
+    /// counted (by the rebound a package upgrade replaced, whose death a new one takes over).
+    pub fn from_postcard(bytes: &[u8]) -> Result<RedoSnapshot, postcard::Error> {
+        postcard::from_bytes(bytes).or_else(|e| {
+            let (entries, overflowed) = postcard::from_bytes(bytes).map_err(|_| e)?;
+            Ok(RedoSnapshot {
+                entries,
+                overflowed,
+                checkpoints: 0,
+            })
+        })
+    }
 }
 
 impl Mutation {
@@ -277,6 +290,16 @@ mod tests {
         // A journal's checkpoint record, read back, counts as the checkpoint did.
         back.forget_oldest(1);
         assert_eq!((back.checkpoints(), back.len()), (2, 0));
+        // In postcard, as a journal holds it, and as it was before the count.
+        let bytes = postcard::to_stdvec(&log.snapshot()).unwrap();
+        assert_eq!(
+            RedoSnapshot::from_postcard(&bytes).unwrap().checkpoints(),
+            1
+        );
+        let plain: Vec<MutationSnapshot> = log.entries.iter().map(Mutation::to_plain).collect();
+        let older = postcard::to_stdvec(&(plain, false)).unwrap();
+        let read = RedoSnapshot::from_postcard(&older).unwrap();
+        assert_eq!((read.entries.len(), read.checkpoints()), (1, 0));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use tracker::{Mutation, ObjectSnapshot, ObjectTable, RedoLog};
+use tracker::{Mutation, ObjectSnapshot, ObjectTable, RedoLog, RedoSnapshot};
 
 use super::Shared;
 
@@ -279,7 +279,8 @@ fn read_file(mut bytes: &[u8]) -> Result<Journaled, String> {
             }
             ROOT_ATTR => journaled.root_attr = Some(body.to_vec()),
             REDO_SNAPSHOT => {
-                let snapshot = postcard::from_bytes(body).map_err(|e| format!("redo log: {e}"))?;
+                let snapshot =
+                    RedoSnapshot::from_postcard(body).map_err(|e| format!("redo log: {e}"))?;
                 journaled.redo = Some(RedoLog::from_snapshot(snapshot));
             }
             REDO_ENTRY => journaled
