@@ -47,9 +47,9 @@ UNSTEADY = {
     "sshfs": {"open::etxtbsy"},
     # The same on passthrough_ll with clone_fd: FAILED 1 of 4 under rebound (in the full
     # suite), ok 4 of 4 direct (a fresh-clone run at a086a8d, 2026-11-26); ok in 3 other full
-    # runs that day. The kernel refuses the write open while the file runs; the test's open
-    # comes as its child execs the file, so a slower exec (under load, one more hop) lets it
-    # in first.
+    # runs that day. Likely the same race: the kernel refuses a write open only while the
+    # file is being run, and an exec slowed by load (or by one more hop) may not have begun
+    # when the test opens it. Not proven.
     "passthrough_ll-clone_fd": {"open::etxtbsy"},
 }
 # How many more times a test whose outcomes differ is run alone on each mount.
