@@ -13,8 +13,13 @@
 //! not yet recorded in the redo log is never the one rolled back to. The one before the latest
 //! is kept too, for a successor whose hand-over was taken just before the latest.
 //!
-//! Owns: the checkpoint files beside the image, and the order of clones and roll-backs. Must
-//! not: talk to the driver (the proxy quiesces and flushes it before a checkpoint).
+//! A *spare* is one more clone of the current checkpoint, `.NAME.rebound-spare`, for a standby
+//! successor to open and initialise on before any failure: at a failure it is renamed over
+//! the image, which a roll-back then need not touch (see `supervisor::standby`).
+//!
+//! Owns: the checkpoint and spare files beside the image, and the order of clones, roll-backs
+//! and swaps. Must not: talk to the driver (the proxy quiesces and flushes it before a
+//! checkpoint).
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
@@ -30,6 +35,8 @@ pub struct ImageCheckpoint {
     image: PathBuf,
     /// `.NAME.rebound-checkpoint.` beside the image: checkpoint N is this followed by N.
     prefix: PathBuf,
+    /// `.NAME.rebound-spare` beside the image.
+    spare: PathBuf,
     state: Mutex<State>,
 }
 
@@ -72,6 +79,8 @@ impl ImageCheckpoint {
     /// is read: see [`ImageCheckpoint::follow`].
     pub fn adopt(image: &Path) -> Result<ImageCheckpoint, String> {
         let this = ImageCheckpoint::beside(image)?;
+        // Its standby's spare died with it.
+        this.remove_spare();
         // A predecessor from before checkpoints were numbered kept one file, unnumbered, and
         // handed over a redo log that counts none: it is checkpoint 0.
         let prefix = this.prefix.as_os_str().as_bytes();
@@ -113,13 +122,22 @@ impl ImageCheckpoint {
             .ok_or_else(|| format!("image = {}: not a file", image.display()))?;
         let mut hidden = OsString::from(".");
         hidden.push(name);
+        let mut spare = hidden.clone();
         hidden.push(".rebound-checkpoint.");
+        spare.push(".rebound-spare");
         let prefix = image.with_file_name(hidden);
+        let spare = image.with_file_name(spare);
         Ok(ImageCheckpoint {
             image,
             prefix,
+            spare,
             state: Mutex::new(State::default()),
         })
+    }
+
+    /// The image's path.
+    pub fn image(&self) -> &Path {
+        &self.image
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -187,6 +205,49 @@ impl ImageCheckpoint {
         Ok(Some(started.elapsed()))
     }
 
+    /// Makes the spare, a new clone of the current checkpoint, and returns that checkpoint's
+    /// number. `retain` runs with that number before any later checkpoint can be taken (the
+    /// redo log keeps from then on what checkpoints cover: the spare lacks it).
+    pub fn make_spare(&self, retain: impl FnOnce(u64)) -> io::Result<(u64, PathBuf)> {
+        let (number, source) = {
+            let state = self.lock();
+            // Open now: the file may be removed by the checkpoint after next, not its blocks.
+            let source = File::open(self.file(state.current))?;
+            retain(state.current);
+            (state.current, source)
+        };
+        // A new file: a standby killed on the last one may still hold it open.
+        self.remove_spare();
+        if let Err(e) = clone_from(&source, &self.spare) {
+            self.remove_spare();
+            return Err(e);
+        }
+        Ok((number, self.spare.clone()))
+    }
+
+    /// The spare's device and inode numbers, if there is one.
+    pub fn spare_file_id(&self) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(&self.spare).ok()?;
+        Some((meta.dev(), meta.ino()))
+    }
+
+    /// Removes the spare, if any.
+    pub fn remove_spare(&self) {
+        let _ = std::fs::remove_file(&self.spare);
+    }
+
+    /// Renames the spare over the image: a standby that opened it takes over, and the image
+    /// is from now on the file it writes. Like a roll-back, a checkpoint started before this
+    /// does not land.
+    pub fn swap_in_spare(&self) -> io::Result<Duration> {
+        let mut state = self.lock();
+        state.rollbacks += 1;
+        let started = Instant::now();
+        std::fs::rename(&self.spare, &self.image)?;
+        Ok(started.elapsed())
+    }
+
     /// Clones the current checkpoint back over the image (same file, so the driver's command
     /// line still names it). Only while no driver has the image open.
     pub fn roll_back(&self) -> io::Result<Duration> {
@@ -201,18 +262,23 @@ impl ImageCheckpoint {
 impl Drop for ImageCheckpoint {
     fn drop(&mut self) {
         self.remove_all_but(&[]);
+        self.remove_spare();
     }
 }
 
 /// Makes `to` share `from`'s blocks, with `from`'s length.
 fn clone_file(from: &Path, to: &Path) -> io::Result<()> {
-    let source = File::open(from)?;
+    clone_from(&File::open(from)?, to)
+}
+
+/// Makes `to` share the blocks of the open file `source`, with its length.
+fn clone_from(source: &File, to: &Path) -> io::Result<()> {
     let target = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .open(to)?;
-    rustix::fs::ioctl_ficlone(&target, &source)?;
+    rustix::fs::ioctl_ficlone(&target, source)?;
     // A clone over a longer file leaves its tail.
     target.set_len(source.metadata()?.len())?;
     Ok(())

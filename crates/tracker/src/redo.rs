@@ -55,7 +55,22 @@ pub struct RedoLog {
     checkpoints: u64,
     /// Regular files lately written, most recent first: a checkpoint opens one to flush.
     written: VecDeque<u64>,
+    /// Entries checkpoints covered since checkpoint `retained.base`, kept for a driver
+    /// started on a copy of that checkpoint (a spare standby), which still needs them.
+    retained: Option<Retained>,
 }
+
+/// See [`RedoLog::retain_from_now`].
+#[derive(Debug, Default)]
+struct Retained {
+    base: u64,
+    entries: Vec<Mutation>,
+    bytes: usize,
+}
+
+/// Beyond this many bytes of retained entries, retaining stops: a spare that far behind is
+/// no quicker than a roll-back.
+const MAX_RETAINED_BYTES: usize = 64 << 20;
 
 /// Whether a successful request of `opcode` changes what the driver stores.
 pub fn is_mutation(opcode: Opcode) -> bool {
@@ -159,7 +174,60 @@ impl RedoLog {
             self.entries.clear();
             self.bytes = 0;
             self.overflowed = true;
+            self.retained = None;
         }
+    }
+
+    /// From now on, keep what checkpoints cover, for a driver started on a copy of the
+    /// current checkpoint (number [`RedoLog::checkpoints`]): see [`RedoLog::entries_since`].
+    /// Replaces what was retained before.
+    pub fn retain_from_now(&mut self) {
+        self.retained = Some(Retained {
+            base: self.checkpoints,
+            ..Retained::default()
+        });
+    }
+
+    /// Stops keeping what checkpoints cover, and drops what was kept.
+    pub fn stop_retaining(&mut self) {
+        self.retained = None;
+    }
+
+    /// The changes a driver started on a copy of checkpoint `base` lacks, oldest first: those
+    /// of [`RedoLog::entries`] and, for an older checkpoint, what later ones covered, if they
+    /// were retained ([`RedoLog::retain_from_now`]); `None` if they were not.
+    pub fn entries_since(&self, base: u64) -> Option<Vec<Mutation>> {
+        if base == self.checkpoints {
+            return Some(self.entries.clone());
+        }
+        let retained = self.retained.as_ref().filter(|r| r.base == base)?;
+        Some(
+            retained
+                .entries
+                .iter()
+                .chain(&self.entries)
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// The checkpoint retained entries follow, and the entries, if any are retained.
+    pub fn retained(&self) -> Option<(u64, Vec<Mutation>)> {
+        let retained = self.retained.as_ref()?;
+        Some((retained.base, retained.entries.clone()))
+    }
+
+    /// The driver on the retained entries' checkpoint has been given them all: it is on the
+    /// current checkpoint's state now (see [`RedoLog::retain_from_now`]).
+    pub fn caught_up(&mut self) {
+        if self.retained.is_some() {
+            self.retain_from_now();
+        }
+    }
+
+    /// How many entries are retained (see [`RedoLog::retain_from_now`]).
+    pub fn retained_len(&self) -> usize {
+        self.retained.as_ref().map_or(0, |r| r.entries.len())
     }
 
     /// A position in the history: everything recorded before it is covered by a checkpoint
@@ -180,11 +248,19 @@ impl RedoLog {
         let covered = mark
             .saturating_sub(self.dropped)
             .min(self.entries.len() as u64) as usize;
-        self.bytes -= self.entries[..covered]
+        let bytes = self.entries[..covered]
             .iter()
             .map(|m| m.request.len())
             .sum::<usize>();
-        self.entries.drain(..covered);
+        self.bytes -= bytes;
+        let drained = self.entries.drain(..covered);
+        if let Some(retained) = &mut self.retained {
+            retained.entries.extend(drained);
+            retained.bytes += bytes;
+            if retained.bytes > MAX_RETAINED_BYTES {
+                self.retained = None;
+            }
+        }
         self.dropped += covered as u64;
         self.overflowed = false;
         self.checkpoints += 1;
@@ -300,6 +376,36 @@ mod tests {
         let older = postcard::to_stdvec(&(plain, false)).unwrap();
         let read = RedoSnapshot::from_postcard(&older).unwrap();
         assert_eq!((read.entries.len(), read.checkpoints()), (1, 0));
+    }
+
+    #[test]
+    fn a_driver_on_an_older_checkpoint_gets_what_later_ones_covered_if_retained() {
+        let mut log = RedoLog::default();
+        log.record(mutation(1));
+        log.checkpointed(log.mark());
+        assert_eq!(log.entries_since(0), None, "not retained");
+        log.retain_from_now();
+        log.record(mutation(2));
+        log.checkpointed(log.mark());
+        log.record(mutation(3));
+        log.checkpointed(log.mark());
+        log.record(mutation(4));
+        let lengths = |entries: Option<Vec<Mutation>>| {
+            entries.map(|e| e.iter().map(|m| m.request.len()).collect::<Vec<_>>())
+        };
+        assert_eq!(log.checkpoints(), 3);
+        assert_eq!(lengths(log.entries_since(1)), Some(vec![2, 3, 4]));
+        assert_eq!(lengths(log.entries_since(3)), Some(vec![4]));
+        assert_eq!(lengths(log.entries_since(2)), None, "retained from 1 only");
+        assert_eq!(log.retained_len(), 2);
+        log.caught_up();
+        assert_eq!(log.retained_len(), 0);
+        assert_eq!(lengths(log.entries_since(1)), None);
+        assert_eq!(lengths(log.entries_since(3)), Some(vec![4]));
+        assert_eq!(log.retained().map(|(base, _)| base), Some(3));
+        log.stop_retaining();
+        log.checkpointed(log.mark());
+        assert_eq!(log.retained_len(), 0);
     }
 
     #[test]

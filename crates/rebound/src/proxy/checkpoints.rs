@@ -10,15 +10,91 @@
 //! have nothing in flight then, or the clone could hold half a change), and the changes before
 //! it are dropped only once the clone exists.
 //!
-//! Owns: when checkpoints happen and the quiet around them. Must not: replay (see
-//! [`super::recovery`]) or clone files itself.
+//! A standby successor may be started on a spare of the image's current checkpoint: the redo
+//! log then keeps what later checkpoints cover, which that standby would still lack.
+//!
+//! Owns: when checkpoints happen, the quiet around them, and the redo log's part in a spare.
+//! Must not: replay (see [`super::recovery`]) or clone files itself.
 
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
-use super::{recovery, Link, Shared};
+use super::{recovery, Link, Proxy, Shared};
 use crate::checkpoint::ImageCheckpoint;
+
+impl Proxy {
+    /// Makes a spare of the image's current checkpoint (see [`ImageCheckpoint::make_spare`])
+    /// and has the redo log keep what it lacks: `(checkpoint number, spare)`. `None` without
+    /// an image and a redo log.
+    pub fn make_spare(&self) -> Option<std::io::Result<(u64, PathBuf)>> {
+        let (Some(image), Some(redo)) = (&self.shared.image, &self.shared.redo) else {
+            return None;
+        };
+        Some(image.checkpoint.make_spare(|number| {
+            let mut log = redo.lock().unwrap_or_else(|e| e.into_inner());
+            debug_assert_eq!(log.checkpoints(), number);
+            log.retain_from_now();
+        }))
+    }
+
+    /// The standby on the spare answered its INIT: from now on, each checkpoint gives it
+    /// through `channel` (a copy of rebound's end) what that checkpoint covered.
+    pub fn follow_spare_with(&self, channel: OwnedFd) {
+        *lock(&self.shared.spare_standby) = Some(channel);
+    }
+
+    /// At a failure: the standby on the spare is no longer brought forward (waiting for the
+    /// last time to end), and the checkpoint whose state it has, if the redo log still holds
+    /// what it lacks since.
+    pub fn stop_following_spare(&self) -> Option<u64> {
+        lock(&self.shared.spare_standby).take();
+        self.spare_base()
+    }
+
+    /// The spare is no longer needed: removed, and the redo log keeps no more for it.
+    pub fn drop_spare(&self) {
+        lock(&self.shared.spare_standby).take();
+        if let (Some(image), Some(redo)) = (&self.shared.image, &self.shared.redo) {
+            redo.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .stop_retaining();
+            image.checkpoint.remove_spare();
+        }
+    }
+
+    /// The checkpoint whose state the standby on the spare has, as long as the redo log
+    /// holds what it lacks since.
+    pub fn spare_base(&self) -> Option<u64> {
+        let redo = self.shared.redo.as_ref()?;
+        lock(redo).retained().map(|(base, _)| base)
+    }
+
+    /// The changes later checkpoints covered that a spare lacks (see [`Proxy::make_spare`]).
+    pub fn spare_retained(&self) -> usize {
+        self.shared.redo.as_ref().map_or(0, |redo| {
+            redo.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retained_len()
+        })
+    }
+
+    /// The number of the checkpoint the redo log follows, with a redo log.
+    pub fn checkpoint_number(&self) -> Option<u64> {
+        let redo = self.shared.redo.as_ref()?;
+        Some(redo.lock().unwrap_or_else(|e| e.into_inner()).checkpoints())
+    }
+
+    /// Whether the redo log is empty (or there is none).
+    pub fn redo_log_empty(&self) -> bool {
+        self.shared
+            .redo
+            .as_ref()
+            .is_none_or(|redo| redo.lock().unwrap_or_else(|e| e.into_inner()).is_empty())
+    }
+}
 
 /// An image checkpoint and the gate around it: requests go to the driver through its read
 /// side, and a checkpoint holds its write side while the driver must have nothing to do.
@@ -150,6 +226,7 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
             None => covered(),
         }
         drop(quiet);
+        bring_spare_forward(shared, redo, timeout);
         let held_us = started.elapsed().as_micros() as u64;
         shared.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         shared
@@ -161,6 +238,38 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
             shared.stats.redo_entries.load(Ordering::Relaxed)
         );
     }
+}
+
+/// Gives the standby on the spare, if there is one to follow, what checkpoints covered since
+/// its own (so that a failure finds it with no more than the redo log to replay); a standby
+/// that cannot take them is followed no more, and does not take over.
+fn bring_spare_forward(shared: &Shared, redo: &Mutex<tracker::RedoLog>, timeout: Duration) {
+    let mut spare = lock(&shared.spare_standby);
+    let Some(channel) = spare.as_ref() else {
+        return;
+    };
+    let Some((_, entries)) = lock(redo).retained().filter(|(_, e)| !e.is_empty()) else {
+        return;
+    };
+    let started = Instant::now();
+    match recovery::replay_in_standby(shared, channel, timeout, &entries) {
+        Ok(applied) => {
+            lock(redo).caught_up();
+            tracing::debug!(
+                "standby brought forward by {applied} changes in {} µs",
+                started.elapsed().as_micros()
+            );
+        }
+        Err(e) => {
+            tracing::warn!("bringing the standby forward: {e}; it will not take over");
+            *spare = None;
+            lock(redo).stop_retaining();
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Waits until the driver has answered every request sent to it (new ones are held by the

@@ -291,6 +291,9 @@ struct Shared {
     /// A driver has made a change to its files (the store is writable): an EROFS is suspect.
     store_changed: AtomicBool,
     checkpoint_due: checkpoints::CheckpointDue,
+    /// The channel of a standby on a spare of the image, brought forward after each
+    /// checkpoint (see `checkpoints`).
+    spare_standby: Mutex<Option<OwnedFd>>,
     /// The image checkpoint, if the driver's image is cloned at each checkpoint.
     image: Option<checkpoints::ImageGate>,
     /// Directories where names were lately removed (most recent last): a driver killed there
@@ -610,6 +613,7 @@ impl Proxy {
                 .map(|_| Mutex::new(tracker::RedoLog::default())),
             store_changed: AtomicBool::new(false),
             checkpoint_due: checkpoints::CheckpointDue::new(options.checkpoint_changes),
+            spare_standby: Mutex::new(None),
             image: options.image.clone().map(checkpoints::ImageGate::new),
             removal_dirs: Mutex::new(Vec::new()),
             beside: None,
@@ -762,12 +766,14 @@ impl Proxy {
     }
 
     /// Restores a new driver through `channel`. `init_reply`: its answer to the kernel's INIT
-    /// if it already gave one (a standby's), else the INIT is replayed first.
+    /// if it already gave one (a standby's), else the INIT is replayed first. `spare_base`:
+    /// the checkpoint whose spare it runs on, if it does (see [`Proxy::make_spare`]).
     pub fn attach_driver(
         &self,
         channel: OwnedFd,
         timeout: Duration,
         init_reply: Option<Vec<u8>>,
+        spare_base: Option<u64>,
     ) -> io::Result<()> {
         let shared = &self.shared;
         let generation = shared.generations.fetch_add(1, Ordering::Relaxed) + 1;
@@ -784,7 +790,13 @@ impl Proxy {
         std::thread::Builder::new()
             .name("recovery".into())
             .spawn(move || {
-                let outcome = recovery::restore(&shared, &driver, generation, timeout, init_reply);
+                let outcome = recovery::restore(
+                    &shared,
+                    &driver,
+                    generation,
+                    timeout,
+                    (init_reply, spare_base),
+                );
                 // A restore that ends after its driver was given up (the supervisor saw it
                 // fail another way and started the next) reports nothing: read late, its
                 // failure would be taken for the next driver's and end that one too.

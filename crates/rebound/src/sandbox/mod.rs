@@ -214,13 +214,16 @@ impl std::fmt::Display for Hidden {
 }
 
 /// The sandbox of one driver start: `program` is what the driver's program is made of
-/// ([`program::find`], found once per run), shown read-only wherever it is.
+/// ([`program::find`], found once per run), shown read-only wherever it is. `image_as`:
+/// `(image, file)` shows `file` at the image's path, writable (a standby's spare, see
+/// `supervisor::standby`); only with a view.
 pub fn build(
     config: &Config,
     argv: &[OsString],
     program: &[program::Part],
     mountpoint: MountPoint<'_>,
     cgroup_procs: Vec<PathBuf>,
+    image_as: Option<(&Path, &Path)>,
 ) -> anyhow::Result<DriverSandbox> {
     let settings = &config.sandbox;
     let limits = &config.limits;
@@ -237,6 +240,9 @@ pub fn build(
         .rlimits
         .push((libc::RLIMIT_CORE, limits.core_mb.saturating_mul(1 << 20)));
     if settings.profile == Profile::Off {
+        if image_as.is_some() {
+            anyhow::bail!("a file shown at the image's path needs the sandbox's view");
+        }
         return Ok(DriverSandbox {
             sandbox,
             denied: Vec::new(),
@@ -419,6 +425,10 @@ pub fn build(
         }
         Profile::Off => unreachable!("handled above"),
     }
+    if let Some((image, file)) = image_as {
+        let create = settings.profile == Profile::Strict || is_private(image);
+        bind_from(&mut steps, &inside, file, image, true, create);
+    }
     // The mount point, where the view does not have it: made (not mounted).
     if let Some(m) = known.filter(|m| settings.profile == Profile::Strict || is_private(m)) {
         for ancestor in ancestors(m) {
@@ -485,7 +495,19 @@ fn bind(
     writable: bool,
     create: bool,
 ) {
-    let Ok(meta) = std::fs::metadata(path) else {
+    bind_from(steps, inside, path, path, writable, create);
+}
+
+/// [`bind`] of `source`, shown at `path`.
+fn bind_from(
+    steps: &mut Vec<Step>,
+    inside: &impl Fn(&Path) -> CString,
+    source: &Path,
+    path: &Path,
+    writable: bool,
+    create: bool,
+) {
+    let Ok(meta) = std::fs::metadata(source) else {
         return;
     };
     if create {
@@ -501,7 +523,7 @@ fn bind(
         });
     }
     steps.push(Step::Bind {
-        source: c_path(path),
+        source: c_path(source),
         target: inside(path),
         recursive: meta.is_dir(),
     });

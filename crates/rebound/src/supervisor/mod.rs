@@ -156,6 +156,13 @@ struct Run<'a> {
     standby_pace: standby::StandbyPace,
     /// The kind of standby this run keeps, or why it keeps none.
     standby_kind: Result<standby::StandbyKind, String>,
+    /// The redo log's checkpoint count at the last recovery: a spare's standby waits for a
+    /// later checkpoint (see `keep_standby`).
+    spare_after: Option<u64>,
+    /// A spare's standby waits for that checkpoint: the loop looks again soon.
+    spare_waits: bool,
+    /// The checkpoint whose spare the driver being attached runs on.
+    attaching_spare: Option<u64>,
     /// The driver's image and its last checkpoint, if `image` is set.
     image: Option<Arc<ImageCheckpoint>>,
     /// The denied system calls already logged (each once: a driver may retry one in a loop).
@@ -261,6 +268,7 @@ pub fn run(
             cgroup.as_ref(),
             log_label.clone(),
             (false, config.mode == crate::config::Mode::Fast),
+            None,
         )),
     };
     let (pid, listener, logger, hidden) = match started {
@@ -342,6 +350,9 @@ pub fn run(
         standby: None,
         standby_pace: standby::StandbyPace::new(),
         standby_kind: standby::kind(config, argv),
+        spare_after: None,
+        spare_waits: false,
+        attaching_spare: None,
         image,
         denied_logged: BTreeSet::new(),
         learner,
@@ -505,7 +516,8 @@ pub fn run(
 /// for).
 ///
 /// `gated`: held before `exec` (a standby). `beside`: the first driver of fast mode, which gets
-/// a real `/dev/fuse` clone: its splices need no interception.
+/// a real `/dev/fuse` clone: its splices need no interception. `image_as`: a file shown at
+/// the image's path (a spare, see `standby`).
 fn start_driver(
     config: &Config,
     driver: &DriverCommand,
@@ -513,6 +525,7 @@ fn start_driver(
     cgroup: Option<&DriverCgroup>,
     log_label: Arc<Mutex<String>>,
     (gated, beside): (bool, bool),
+    image_as: Option<(&std::path::Path, &std::path::Path)>,
 ) -> anyhow::Result<Started> {
     let mut command = driver.command();
     command.stderr(std::process::Stdio::piped());
@@ -523,8 +536,15 @@ fn start_driver(
         // sandboxed driver's own namespace is built without the mount instead.)
         spawn::outside_mount(&mut command, mountpoint)?;
     }
-    let prepared = crate::sandbox::build(config, &driver.argv, &driver.program, mountpoint, procs)
-        .context("preparing the driver's sandbox")?;
+    let prepared = crate::sandbox::build(
+        config,
+        &driver.argv,
+        &driver.program,
+        mountpoint,
+        procs,
+        image_as,
+    )
+    .context("preparing the driver's sandbox")?;
     // (Only a first start reports any: a restart's would be the same.)
     for hidden in &prepared.hidden {
         if hidden.variable.is_none() {
@@ -746,7 +766,12 @@ impl Run<'_> {
             );
             s.channel_inode = channel_inode;
             s.proxy
-                .attach_driver(channel, self.config.request_timeout(), init_reply)
+                .attach_driver(
+                    channel,
+                    self.config.request_timeout(),
+                    init_reply,
+                    self.attaching_spare.take(),
+                )
                 .context("starting the recovery")?;
             self.phase = Phase::Recovering(Step::Restoring);
         }

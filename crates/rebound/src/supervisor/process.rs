@@ -228,6 +228,16 @@ pub fn is_mount_helper(pid: i32) -> bool {
         .is_ok_and(|name| name.starts_with("fusermount"))
 }
 
+/// Whether process `pid` has the file `(device, inode)` open.
+pub fn has_open(pid: i32, (dev, ino): (u64, u64)) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino))
+}
+
 /// The descendant that serves the mount, of those holding a descriptor on the channel (the
 /// socket with inode `inode`, or with `inode` 0, in fast mode, `/dev/fuse`: the driver's clone
 /// of the connection), of the descendants but those in `spare` (a standby successor holds a

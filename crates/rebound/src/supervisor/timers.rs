@@ -29,6 +29,12 @@ impl Run<'_> {
                     until(*deadline).min(tick)
                 }
             }
+            // A checkpoint lands within milliseconds of a recovery.
+            Phase::Serving
+                if (self.spare_waits && self.standby.is_none()) || self.spare_to_follow() =>
+            {
+                Duration::from_millis(5)
+            }
             Phase::Serving | Phase::Recovering(Step::Restoring) => tick,
             Phase::Recovering(Step::Reaping {
                 kill_at: Some(at), ..
@@ -116,13 +122,29 @@ impl Run<'_> {
             Phase::Recovering(Step::Backoff { until }) if now >= *until => {
                 self.restarts.push_back(now);
                 self.recovery_phase_done("backoff");
+                // A standby on a spare of the image takes over with the spare as the image;
+                // any other successor finds the image rolled back to the last checkpoint.
+                let spare = self.usable_spare();
+                self.spare_after = self
+                    .served
+                    .as_ref()
+                    .and_then(|s| s.proxy.checkpoint_number());
+                let mut swapped = false;
                 if let Some(image) = &self.image {
-                    match image.roll_back() {
-                        Ok(took) => tracing::info!(
-                            "image rolled back to its last checkpoint in {:.1} ms",
-                            took.as_secs_f64() * 1000.0
-                        ),
-                        Err(e) => tracing::error!("rolling the image back: {e}"),
+                    if spare.is_some() {
+                        match image.swap_in_spare() {
+                            Ok(took) => {
+                                swapped = true;
+                                tracing::info!(
+                                    "the standby's spare is the image now ({:.1} ms)",
+                                    took.as_secs_f64() * 1000.0
+                                );
+                            }
+                            Err(e) => tracing::error!("renaming the spare over the image: {e}"),
+                        }
+                    }
+                    if !swapped {
+                        self.roll_back_image();
                     }
                     self.recovery_phase_done("rollback");
                 }
@@ -130,9 +152,18 @@ impl Run<'_> {
                     self.run_pre_restart();
                     self.recovery_phase_done("pre_restart");
                 }
+                if spare.is_some() && !swapped {
+                    self.drop_standby("it does not take over: its spare is not the image", false);
+                }
                 // After the store is repaired: a standby held before exec has not opened it.
+                self.attaching_spare = spare.filter(|_| swapped);
                 if self.promote_standby(now)? {
                     return Ok(());
+                }
+                self.attaching_spare = None;
+                if swapped {
+                    // The image is the spare, which no one brings forward now.
+                    self.roll_back_image();
                 }
                 // The new driver starts where the mount point is not mounted, as at its first
                 // start (see `start_driver`); one that mounts through fusermount is shown the
@@ -155,6 +186,7 @@ impl Run<'_> {
                     self.cgroup.as_ref(),
                     self.log_label.clone(),
                     (false, false),
+                    None,
                 )?;
                 self.stderr_loggers.push(logger);
                 tracing::info!("restarted driver `{}` as pid {pid}", self.command.name);
@@ -197,5 +229,19 @@ impl Run<'_> {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Clones the image's last checkpoint back over it.
+    fn roll_back_image(&self) {
+        let Some(image) = &self.image else {
+            return;
+        };
+        match image.roll_back() {
+            Ok(took) => tracing::info!(
+                "image rolled back to its last checkpoint in {:.1} ms",
+                took.as_secs_f64() * 1000.0
+            ),
+            Err(e) => tracing::error!("rolling the image back: {e}"),
+        }
     }
 }

@@ -227,8 +227,72 @@ pub(super) fn flush_through(
         driver,
         generation,
         timeout,
+        direct: false,
     }
     .flush_through(node)
+}
+
+/// Applies `entries` of the redo log in a standby successor through its `channel`, which no
+/// other thread reads (see `checkpoints`: a standby on a spare brought forward); logs what
+/// could not be, and returns how many were.
+pub(super) fn replay_in_standby(
+    shared: &Shared,
+    channel: &OwnedFd,
+    timeout: Duration,
+    entries: &[tracker::Mutation],
+) -> io::Result<usize> {
+    let driver = Arc::new(channel.try_clone()?);
+    let new = NewDriver {
+        init_reply: std::cell::OnceCell::new(),
+        shared,
+        driver: &driver,
+        generation: 0,
+        timeout,
+        direct: true,
+    };
+    let (applied, skipped) = new.replay(entries)?;
+    log_skipped(&skipped);
+    Ok(applied)
+}
+
+/// Sends `requests` (each with its unique) on `channel` and reads their replies from it, in
+/// the order of the requests, at most `timeout` in all.
+fn call_directly(
+    channel: &OwnedFd,
+    requests: &[(u64, Vec<u8>)],
+    timeout: Duration,
+) -> io::Result<Vec<Vec<u8>>> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let deadline = Instant::now() + timeout;
+    for (_, request) in requests {
+        rustix::net::send(channel, request, SendFlags::NOSIGNAL)?;
+    }
+    let mut replies: std::collections::HashMap<u64, Vec<u8>> = Default::default();
+    let mut buffer = vec![0u8; 64 << 10];
+    while replies.len() < requests.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let left = Timespec::try_from(left).map_err(io::Error::other)?;
+        let mut fds = [PollFd::new(channel, PollFlags::IN)];
+        if poll(&mut fds, Some(&left))? == 0 {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        let (len, _) = rustix::net::recv(channel, &mut buffer, rustix::net::RecvFlags::DONTWAIT)?;
+        if len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the driver closed its channel",
+            ));
+        }
+        let reply = &buffer[..len.min(buffer.len())];
+        let unique = read_u64(reply, std::mem::offset_of!(fuse_wire::OutHeader, unique));
+        if let Some(unique) = unique.filter(|u| requests.iter().any(|(r, _)| r == u)) {
+            replies.insert(unique, reply.to_vec());
+        }
+    }
+    Ok(requests
+        .iter()
+        .map(|(unique, _)| replies.remove(unique).unwrap_or_default())
+        .collect())
 }
 
 /// A driver and the means to talk to it.
@@ -239,16 +303,18 @@ struct NewDriver<'a> {
     driver: &'a Arc<OwnedFd>,
     generation: u64,
     timeout: Duration,
+    /// Replies are read here, not by a reader thread of the proxy's (a standby's channel).
+    direct: bool,
 }
 
 /// Brings driver `generation`, reachable through `driver`, up to the kernel's state and makes
-/// it the serving driver.
+/// it the serving driver. `init_reply` and `spare_base` as for `Proxy::attach_driver`.
 pub(super) fn restore(
     shared: &Shared,
     driver: &Arc<OwnedFd>,
     generation: u64,
     timeout: Duration,
-    init_reply: Option<Vec<u8>>,
+    (init_reply, spare_base): (Option<Vec<u8>>, Option<u64>),
 ) -> Result<Restored, String> {
     let started = Instant::now();
     let new = NewDriver {
@@ -257,6 +323,7 @@ pub(super) fn restore(
         driver,
         generation,
         timeout,
+        direct: false,
     };
     // From now on, the first reply of the new driver to a kernel request ends the outage.
     shared
@@ -278,7 +345,19 @@ pub(super) fn restore(
     let plan = shared.objects().begin_generation(generation);
     restored.nodes = shared.objects().node_count();
     if let Some(redo) = &shared.redo {
-        let entries = redo.lock().unwrap_or_else(|e| e.into_inner()).entries();
+        let mut log = redo.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = match spare_base {
+            Some(base) => {
+                let entries = log.entries_since(base);
+                // The spare is the image now: a later driver is rolled back to the checkpoint.
+                log.stop_retaining();
+                entries.ok_or_else(|| {
+                    format!("the redo log no longer holds what checkpoint {base}'s spare lacks")
+                })?
+            }
+            None => log.entries(),
+        };
+        drop(log);
         let (applied, skipped) = new
             .replay(&entries)
             .map_err(|e| format!("replaying the redo log: {e}"))?;
@@ -358,7 +437,10 @@ impl NewDriver<'_> {
                 (unique, request)
             })
             .collect();
-        let replies = calls.call_all(self.driver, &requests, self.timeout)?;
+        let replies = match self.direct {
+            true => call_directly(self.driver, &requests, self.timeout)?,
+            false => calls.call_all(self.driver, &requests, self.timeout)?,
+        };
         Ok(replies
             .iter()
             .map(|reply| self.check_reply(reply, shape))
