@@ -55,22 +55,24 @@ pub struct RedoLog {
     checkpoints: u64,
     /// Regular files lately written, most recent first: a checkpoint opens one to flush.
     written: VecDeque<u64>,
-    /// Entries checkpoints covered since checkpoint `retained.base`, kept for a driver
-    /// started on a copy of that checkpoint (a spare standby), which still needs them.
-    retained: Option<Retained>,
+    /// A follower: a driver started on a copy of a checkpoint (a spare standby), brought
+    /// forward apart from the serving driver. See [`RedoLog::follow_from_now`].
+    follower: Option<Follower>,
 }
 
-/// See [`RedoLog::retain_from_now`].
+/// Where a follower stands in the history, and the entries checkpoints covered that it lacks.
 #[derive(Debug, Default)]
-struct Retained {
-    base: u64,
-    entries: Vec<Mutation>,
+struct Follower {
+    /// The index in the whole history of the first entry it lacks.
+    position: u64,
+    /// The entries from `position` that checkpoints dropped from the log.
+    covered: Vec<Mutation>,
     bytes: usize,
 }
 
-/// Beyond this many bytes of retained entries, retaining stops: a spare that far behind is
-/// no quicker than a roll-back.
-const MAX_RETAINED_BYTES: usize = 64 << 20;
+/// Beyond this many bytes of entries kept for a follower, it is given up: one that far
+/// behind is no quicker than a roll-back.
+const MAX_FOLLOWER_BYTES: usize = 64 << 20;
 
 /// Whether a successful request of `opcode` changes what the driver stores.
 pub fn is_mutation(opcode: Opcode) -> bool {
@@ -174,60 +176,66 @@ impl RedoLog {
             self.entries.clear();
             self.bytes = 0;
             self.overflowed = true;
-            self.retained = None;
+            self.follower = None;
         }
     }
 
-    /// From now on, keep what checkpoints cover, for a driver started on a copy of the
-    /// current checkpoint (number [`RedoLog::checkpoints`]): see [`RedoLog::entries_since`].
-    /// Replaces what was retained before.
-    pub fn retain_from_now(&mut self) {
-        self.retained = Some(Retained {
-            base: self.checkpoints,
-            ..Retained::default()
+    /// A follower starts, on a copy of the current checkpoint (number
+    /// [`RedoLog::checkpoints`]): it lacks every entry, and what checkpoints cover from now on
+    /// is kept for it until it has it ([`RedoLog::followed`]). Replaces any other follower.
+    pub fn follow_from_now(&mut self) {
+        self.follower = Some(Follower {
+            position: self.dropped,
+            ..Follower::default()
         });
     }
 
-    /// Stops keeping what checkpoints cover, and drops what was kept.
-    pub fn stop_retaining(&mut self) {
-        self.retained = None;
+    /// The follower is gone (or became the driver): nothing more is kept for it.
+    pub fn unfollow(&mut self) {
+        self.follower = None;
     }
 
-    /// The changes a driver started on a copy of checkpoint `base` lacks, oldest first: those
-    /// of [`RedoLog::entries`] and, for an older checkpoint, what later ones covered, if they
-    /// were retained ([`RedoLog::retain_from_now`]); `None` if they were not.
-    pub fn entries_since(&self, base: u64) -> Option<Vec<Mutation>> {
-        if base == self.checkpoints {
-            return Some(self.entries.clone());
-        }
-        let retained = self.retained.as_ref().filter(|r| r.base == base)?;
-        Some(
-            retained
-                .entries
-                .iter()
-                .chain(&self.entries)
-                .cloned()
-                .collect(),
-        )
+    /// What the follower lacks, oldest first, and the position it reaches with them; `None`
+    /// without a follower (or one given up: see [`MAX_FOLLOWER_BYTES`]).
+    pub fn lacking(&self) -> Option<(Vec<Mutation>, u64)> {
+        let follower = self.follower.as_ref()?;
+        let skip = follower.position.saturating_sub(self.dropped) as usize;
+        let entries = follower
+            .covered
+            .iter()
+            .chain(self.entries.iter().skip(skip));
+        Some((entries.cloned().collect(), self.mark()))
     }
 
-    /// The checkpoint retained entries follow, and the entries, if any are retained.
-    pub fn retained(&self) -> Option<(u64, Vec<Mutation>)> {
-        let retained = self.retained.as_ref()?;
-        Some((retained.base, retained.entries.clone()))
+    /// Whether there is a follower (see [`RedoLog::follow_from_now`]).
+    pub fn has_follower(&self) -> bool {
+        self.follower.is_some()
     }
 
-    /// The driver on the retained entries' checkpoint has been given them all: it is on the
-    /// current checkpoint's state now (see [`RedoLog::retain_from_now`]).
-    pub fn caught_up(&mut self) {
-        if self.retained.is_some() {
-            self.retain_from_now();
-        }
+    /// How many entries the follower lacks (0 without one).
+    pub fn lacking_len(&self) -> usize {
+        self.follower.as_ref().map_or(0, |f| {
+            let skip = f.position.saturating_sub(self.dropped) as usize;
+            f.covered.len() + self.entries.len().saturating_sub(skip)
+        })
     }
 
-    /// How many entries are retained (see [`RedoLog::retain_from_now`]).
-    pub fn retained_len(&self) -> usize {
-        self.retained.as_ref().map_or(0, |r| r.entries.len())
+    /// The follower has been given every entry before `position` (from [`RedoLog::lacking`]).
+    pub fn followed(&mut self, position: u64) {
+        let dropped = self.dropped;
+        let Some(follower) = &mut self.follower else {
+            return;
+        };
+        let given = position.saturating_sub(follower.position);
+        let from_covered = (given as usize).min(follower.covered.len());
+        let bytes: usize = follower.covered[..from_covered]
+            .iter()
+            .map(|m| m.request.len())
+            .sum();
+        follower.covered.drain(..from_covered);
+        follower.bytes -= bytes;
+        follower.position = follower.position.max(position);
+        debug_assert!(!follower.covered.is_empty() || follower.position >= dropped);
     }
 
     /// A position in the history: everything recorded before it is covered by a checkpoint
@@ -253,12 +261,17 @@ impl RedoLog {
             .map(|m| m.request.len())
             .sum::<usize>();
         self.bytes -= bytes;
+        let first = self.dropped;
         let drained = self.entries.drain(..covered);
-        if let Some(retained) = &mut self.retained {
-            retained.entries.extend(drained);
-            retained.bytes += bytes;
-            if retained.bytes > MAX_RETAINED_BYTES {
-                self.retained = None;
+        if let Some(follower) = &mut self.follower {
+            // (Those before its position it has already.)
+            let skip = follower.position.saturating_sub(first) as usize;
+            for mutation in drained.skip(skip) {
+                follower.bytes += mutation.request.len();
+                follower.covered.push(mutation);
+            }
+            if follower.bytes > MAX_FOLLOWER_BYTES {
+                self.follower = None;
             }
         }
         self.dropped += covered as u64;
@@ -379,33 +392,35 @@ mod tests {
     }
 
     #[test]
-    fn a_driver_on_an_older_checkpoint_gets_what_later_ones_covered_if_retained() {
+    fn a_follower_lacks_what_came_since_its_position_through_checkpoints() {
+        let lengths = |log: &RedoLog| {
+            log.lacking()
+                .map(|(e, _)| e.iter().map(|m| m.request.len()).collect::<Vec<_>>())
+        };
         let mut log = RedoLog::default();
         log.record(mutation(1));
         log.checkpointed(log.mark());
-        assert_eq!(log.entries_since(0), None, "not retained");
-        log.retain_from_now();
+        assert_eq!(lengths(&log), None, "no follower");
+        log.follow_from_now();
         log.record(mutation(2));
         log.checkpointed(log.mark());
         log.record(mutation(3));
-        log.checkpointed(log.mark());
+        assert_eq!(lengths(&log), Some(vec![2, 3]));
+        assert_eq!(log.lacking_len(), 2);
+        // Given both; the next checkpoint covers 3, which it has: nothing is kept.
+        let (_, position) = log.lacking().unwrap();
+        log.followed(position);
         log.record(mutation(4));
-        let lengths = |entries: Option<Vec<Mutation>>| {
-            entries.map(|e| e.iter().map(|m| m.request.len()).collect::<Vec<_>>())
-        };
-        assert_eq!(log.checkpoints(), 3);
-        assert_eq!(lengths(log.entries_since(1)), Some(vec![2, 3, 4]));
-        assert_eq!(lengths(log.entries_since(3)), Some(vec![4]));
-        assert_eq!(lengths(log.entries_since(2)), None, "retained from 1 only");
-        assert_eq!(log.retained_len(), 2);
-        log.caught_up();
-        assert_eq!(log.retained_len(), 0);
-        assert_eq!(lengths(log.entries_since(1)), None);
-        assert_eq!(lengths(log.entries_since(3)), Some(vec![4]));
-        assert_eq!(log.retained().map(|(base, _)| base), Some(3));
-        log.stop_retaining();
         log.checkpointed(log.mark());
-        assert_eq!(log.retained_len(), 0);
+        log.record(mutation(5));
+        assert_eq!(lengths(&log), Some(vec![4, 5]));
+        // Given 4 only (the position before 5 was recorded), then a checkpoint covers 5.
+        log.followed(position + 1);
+        log.checkpointed(log.mark());
+        assert_eq!(lengths(&log), Some(vec![5]));
+        log.unfollow();
+        assert_eq!(lengths(&log), None);
+        assert_eq!(log.lacking_len(), 0);
     }
 
     #[test]

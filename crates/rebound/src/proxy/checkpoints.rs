@@ -36,49 +36,43 @@ impl Proxy {
         Some(image.checkpoint.make_spare(|number| {
             let mut log = redo.lock().unwrap_or_else(|e| e.into_inner());
             debug_assert_eq!(log.checkpoints(), number);
-            log.retain_from_now();
+            log.follow_from_now();
         }))
     }
 
-    /// The standby on the spare answered its INIT: from now on, each checkpoint gives it
-    /// through `channel` (a copy of rebound's end) what that checkpoint covered.
+    /// The standby on the spare answered its INIT: from now on, it is given the changes the
+    /// serving driver acknowledges, a few milliseconds later, through `channel` (a copy of
+    /// rebound's end).
     pub fn follow_spare_with(&self, channel: OwnedFd) {
         *lock(&self.shared.spare_standby) = Some(channel);
     }
 
     /// At a failure: the standby on the spare is no longer brought forward (waiting for the
-    /// last time to end), and the checkpoint whose state it has, if the redo log still holds
-    /// what it lacks since.
-    pub fn stop_following_spare(&self) -> Option<u64> {
+    /// last time to end). Returns how many logged changes it lacks, if the redo log still
+    /// holds them, and how many a driver on the image rolled back would lack.
+    pub fn stop_following_spare(&self) -> Option<(usize, usize)> {
         lock(&self.shared.spare_standby).take();
-        self.spare_base()
+        let log = lock(self.shared.redo.as_ref()?);
+        log.lacking()
+            .is_some()
+            .then(|| (log.lacking_len(), log.len()))
     }
 
     /// The spare is no longer needed: removed, and the redo log keeps no more for it.
     pub fn drop_spare(&self) {
         lock(&self.shared.spare_standby).take();
         if let (Some(image), Some(redo)) = (&self.shared.image, &self.shared.redo) {
-            redo.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .stop_retaining();
+            lock(redo).unfollow();
             image.checkpoint.remove_spare();
         }
     }
 
-    /// The checkpoint whose state the standby on the spare has, as long as the redo log
-    /// holds what it lacks since.
-    pub fn spare_base(&self) -> Option<u64> {
-        let redo = self.shared.redo.as_ref()?;
-        lock(redo).retained().map(|(base, _)| base)
-    }
-
-    /// The changes later checkpoints covered that a spare lacks (see [`Proxy::make_spare`]).
-    pub fn spare_retained(&self) -> usize {
-        self.shared.redo.as_ref().map_or(0, |redo| {
-            redo.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .retained_len()
-        })
+    /// Whether the redo log still holds what the standby on the spare lacks.
+    pub fn spare_followed(&self) -> bool {
+        let Some(redo) = &self.shared.redo else {
+            return false;
+        };
+        lock(redo).has_follower()
     }
 
     /// The number of the checkpoint the redo log follows, with a redo log.
@@ -226,7 +220,6 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
             None => covered(),
         }
         drop(quiet);
-        bring_spare_forward(shared, redo, timeout);
         let held_us = started.elapsed().as_micros() as u64;
         shared.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         shared
@@ -240,30 +233,41 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
     }
 }
 
-/// Gives the standby on the spare, if there is one to follow, what checkpoints covered since
-/// its own (so that a failure finds it with no more than the redo log to replay); a standby
-/// that cannot take them is followed no more, and does not take over.
-fn bring_spare_forward(shared: &Shared, redo: &Mutex<tracker::RedoLog>, timeout: Duration) {
-    let mut spare = lock(&shared.spare_standby);
-    let Some(channel) = spare.as_ref() else {
+/// How often the standby on the spare is given what it lacks.
+const FOLLOW_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The follower's loop (runs for as long as rebound does, with an image): gives the standby
+/// on the spare, if there is one to follow, the changes acknowledged since it was last given
+/// some, so that a failure finds it lacking only the last few milliseconds' (a roll-back
+/// lacks everything since the last checkpoint). A standby that cannot take them is followed
+/// no more, and does not take over.
+pub(super) fn follow(shared: &Shared, timeout: Duration) {
+    let Some(redo) = &shared.redo else {
         return;
     };
-    let Some((_, entries)) = lock(redo).retained().filter(|(_, e)| !e.is_empty()) else {
-        return;
-    };
-    let started = Instant::now();
-    match recovery::replay_in_standby(shared, channel, timeout, &entries) {
-        Ok(applied) => {
-            lock(redo).caught_up();
-            tracing::debug!(
-                "standby brought forward by {applied} changes in {} µs",
-                started.elapsed().as_micros()
-            );
-        }
-        Err(e) => {
-            tracing::warn!("bringing the standby forward: {e}; it will not take over");
-            *spare = None;
-            lock(redo).stop_retaining();
+    loop {
+        std::thread::sleep(FOLLOW_INTERVAL);
+        let mut spare = lock(&shared.spare_standby);
+        let Some(channel) = spare.as_ref() else {
+            continue;
+        };
+        let Some((entries, position)) = lock(redo).lacking().filter(|(e, _)| !e.is_empty()) else {
+            continue;
+        };
+        let started = Instant::now();
+        match recovery::replay_in_standby(shared, channel, timeout, &entries) {
+            Ok(applied) => {
+                lock(redo).followed(position);
+                tracing::trace!(
+                    "standby given {applied} changes in {} µs",
+                    started.elapsed().as_micros()
+                );
+            }
+            Err(e) => {
+                tracing::warn!("bringing the standby forward: {e}; it will not take over");
+                *spare = None;
+                lock(redo).unfollow();
+            }
         }
     }
 }

@@ -637,6 +637,12 @@ impl Proxy {
             std::thread::Builder::new()
                 .name("checkpoint".into())
                 .spawn(move || checkpoints::run(&checkpointed, interval, timeout))?;
+            if shared.image.is_some() {
+                let followed = shared.clone();
+                std::thread::Builder::new()
+                    .name("spare-follower".into())
+                    .spawn(move || checkpoints::follow(&followed, timeout))?;
+            }
         }
         Ok(Proxy {
             stats,
@@ -766,14 +772,15 @@ impl Proxy {
     }
 
     /// Restores a new driver through `channel`. `init_reply`: its answer to the kernel's INIT
-    /// if it already gave one (a standby's), else the INIT is replayed first. `spare_base`:
-    /// the checkpoint whose spare it runs on, if it does (see [`Proxy::make_spare`]).
+    /// if it already gave one (a standby's), else the INIT is replayed first. `on_spare`: it
+    /// runs on the image's spare, and lacks what the redo log keeps for it (see
+    /// [`Proxy::make_spare`]), not what came since the last checkpoint.
     pub fn attach_driver(
         &self,
         channel: OwnedFd,
         timeout: Duration,
         init_reply: Option<Vec<u8>>,
-        spare_base: Option<u64>,
+        on_spare: bool,
     ) -> io::Result<()> {
         let shared = &self.shared;
         let generation = shared.generations.fetch_add(1, Ordering::Relaxed) + 1;
@@ -795,7 +802,7 @@ impl Proxy {
                     &driver,
                     generation,
                     timeout,
-                    (init_reply, spare_base),
+                    (init_reply, on_spare),
                 );
                 // A restore that ends after its driver was given up (the supervisor saw it
                 // fail another way and started the next) reports nothing: read late, its

@@ -161,8 +161,8 @@ struct Run<'a> {
     spare_after: Option<u64>,
     /// A spare's standby waits for that checkpoint: the loop looks again soon.
     spare_waits: bool,
-    /// The checkpoint whose spare the driver being attached runs on.
-    attaching_spare: Option<u64>,
+    /// The driver being attached runs on the image's spare.
+    attaching_spare: bool,
     /// The driver's image and its last checkpoint, if `image` is set.
     image: Option<Arc<ImageCheckpoint>>,
     /// The denied system calls already logged (each once: a driver may retry one in a loop).
@@ -352,7 +352,7 @@ pub fn run(
         standby_kind: standby::kind(config, argv),
         spare_after: None,
         spare_waits: false,
-        attaching_spare: None,
+        attaching_spare: false,
         image,
         denied_logged: BTreeSet::new(),
         learner,
@@ -770,7 +770,7 @@ impl Run<'_> {
                     channel,
                     self.config.request_timeout(),
                     init_reply,
-                    self.attaching_spare.take(),
+                    std::mem::take(&mut self.attaching_spare),
                 )
                 .context("starting the recovery")?;
             self.phase = Phase::Recovering(Step::Restoring);

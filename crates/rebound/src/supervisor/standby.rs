@@ -64,12 +64,11 @@ const READS_STORE_AT_START: &[&str] = &[
 /// The longest wait before a standby that died unused is replaced.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
 
-/// A spare's standby does not take over when checkpoints since its own have covered more
-/// logged changes than this (it could not be brought forward: its INIT not yet answered): a
-/// new driver on the image rolled back to the latest checkpoint replays none of them, and
-/// replaying them (~0.3 ms each for fuse2fs) would take longer than the roll-back and the
-/// driver's start it saves (~12 ms).
-const SPARE_RETAINED_MAX: usize = 32;
+/// A spare's standby does not take over when it lacks this many more logged changes than a
+/// driver on the image rolled back to the last checkpoint would (it could not be brought
+/// forward yet: its INIT not answered): replaying them (~0.3 ms each for fuse2fs) would take
+/// longer than the roll-back and the driver's start it saves (~12 ms).
+const SPARE_EXTRA_MAX: usize = 32;
 
 /// What kind of standby successor a run keeps.
 #[derive(Debug, PartialEq, Eq)]
@@ -456,7 +455,7 @@ impl Run<'_> {
         if standby.spare.is_none() {
             return;
         }
-        if s.proxy.spare_base().is_none() {
+        if !s.proxy.spare_followed() {
             self.drop_standby("the redo log no longer holds what its spare lacks", false);
             return;
         }
@@ -497,13 +496,13 @@ impl Run<'_> {
     }
 
     /// At a failure: the checkpoint whose spare the standby runs on, if it can take over
-    /// (ready, and not too far behind); a spare's standby that cannot is ended.
+    /// (ready, on the spare, and lacking not much more than a roll-back would); a spare's
+    /// standby that cannot is ended.
     pub(super) fn usable_spare(&mut self) -> Option<u64> {
         let standby = self.standby.as_ref()?;
-        standby.spare?;
+        let base = standby.spare?;
         let proxy = &self.served.as_ref()?.proxy;
-        let base = proxy.stop_following_spare();
-        let retained = proxy.spare_retained();
+        let lacking = proxy.stop_following_spare();
         // What it will write is what becomes the image: checked, not assumed.
         let spare = self.image.as_ref().and_then(|image| image.spare_file_id());
         let holds_spare = || {
@@ -513,16 +512,16 @@ impl Run<'_> {
                     .any(|pid| process::has_open(pid, file))
             })
         };
-        let why = match base {
+        let why = match lacking {
             _ if !standby.mounted() => "it has not reached its mount".to_string(),
             _ if !standby.ready() => "it left its mount".to_string(),
             _ if !holds_spare() => "it does not have the spare open".to_string(),
             None => "the redo log no longer holds what its spare lacks".to_string(),
-            Some(_) if retained > SPARE_RETAINED_MAX => format!(
-                "checkpoints since its spare's covered {retained} changes; rolling back is \
+            Some((lacks, rolled_back)) if lacks > rolled_back + SPARE_EXTRA_MAX => format!(
+                "it lacks {lacks} logged changes, a roll-back {rolled_back}; rolling back is \
                  quicker"
             ),
-            Some(base) => return Some(base),
+            Some(_) => return Some(base),
         };
         self.drop_standby(&format!("it does not take over: {why}"), false);
         None

@@ -156,11 +156,11 @@ impl Run<'_> {
                     self.drop_standby("it does not take over: its spare is not the image", false);
                 }
                 // After the store is repaired: a standby held before exec has not opened it.
-                self.attaching_spare = spare.filter(|_| swapped);
+                self.attaching_spare = swapped;
                 if self.promote_standby(now)? {
                     return Ok(());
                 }
-                self.attaching_spare = None;
+                self.attaching_spare = false;
                 if swapped {
                     // The image is the spare, which no one brings forward now.
                     self.roll_back_image();

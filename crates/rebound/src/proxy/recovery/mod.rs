@@ -308,13 +308,13 @@ struct NewDriver<'a> {
 }
 
 /// Brings driver `generation`, reachable through `driver`, up to the kernel's state and makes
-/// it the serving driver. `init_reply` and `spare_base` as for `Proxy::attach_driver`.
+/// it the serving driver. `init_reply` and `on_spare` as for `Proxy::attach_driver`.
 pub(super) fn restore(
     shared: &Shared,
     driver: &Arc<OwnedFd>,
     generation: u64,
     timeout: Duration,
-    (init_reply, spare_base): (Option<Vec<u8>>, Option<u64>),
+    (init_reply, on_spare): (Option<Vec<u8>>, bool),
 ) -> Result<Restored, String> {
     let started = Instant::now();
     let new = NewDriver {
@@ -346,16 +346,16 @@ pub(super) fn restore(
     restored.nodes = shared.objects().node_count();
     if let Some(redo) = &shared.redo {
         let mut log = redo.lock().unwrap_or_else(|e| e.into_inner());
-        let entries = match spare_base {
-            Some(base) => {
-                let entries = log.entries_since(base);
+        let entries = match on_spare {
+            true => {
+                let lacking = log.lacking();
                 // The spare is the image now: a later driver is rolled back to the checkpoint.
-                log.stop_retaining();
-                entries.ok_or_else(|| {
-                    format!("the redo log no longer holds what checkpoint {base}'s spare lacks")
-                })?
+                log.unfollow();
+                lacking
+                    .map(|(entries, _)| entries)
+                    .ok_or("the redo log no longer holds what the spare lacks")?
             }
-            None => log.entries(),
+            false => log.entries(),
         };
         drop(log);
         let (applied, skipped) = new
