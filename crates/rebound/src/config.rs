@@ -378,10 +378,13 @@ impl Config {
                     .into(),
             );
         }
-        if self.standby == StandbyPolicy::On && self.image.is_some() {
+        if self.standby == StandbyPolicy::On
+            && self.image.is_some()
+            && self.sandbox.profile == Profile::Off
+        {
             return Err(
-                "standby: \"on\" cannot go with image, which is rolled back after a failure: \
-                 a standby would have read it before"
+                "standby: \"on\" with image needs the sandbox: the standby runs on a spare of \
+                 the image shown at its path, and without a view it would open the image itself"
                     .into(),
             );
         }
@@ -572,12 +575,16 @@ mod tests {
     }
 
     #[test]
-    fn an_image_needs_the_redo_log_and_no_standby() {
+    fn an_image_needs_the_redo_log_and_a_standby_the_sandbox() {
         let err = Config::parse("image = \"/srv/disk.img\"").unwrap_err();
         assert!(err.starts_with("image: needs redo_log"), "{err}");
-        let err = Config::parse("image = \"/srv/disk.img\"\nredo_log = true\nstandby = \"on\"")
-            .unwrap_err();
-        assert!(err.starts_with("standby:"), "{err}");
+        let on = "image = \"/srv/disk.img\"\nredo_log = true\nstandby = \"on\"";
+        assert!(Config::parse(on).is_ok());
+        let err = Config::parse(&format!("{on}\n[sandbox]\nprofile = \"off\"")).unwrap_err();
+        assert!(
+            err.starts_with("standby:") && err.contains("sandbox"),
+            "{err}"
+        );
         let config = Config::parse("image = \"/srv/disk.img\"\nredo_log = true").unwrap();
         assert_eq!(config.image.as_deref(), Some(Path::new("/srv/disk.img")));
     }

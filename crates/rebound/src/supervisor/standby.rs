@@ -87,6 +87,8 @@ pub enum StandbyKind {
 pub fn kind(config: &Config, argv: &[OsString]) -> Result<StandbyKind, String> {
     match config.standby {
         StandbyPolicy::Off => return Err("standby = \"off\"".into()),
+        // (`image` with the sandbox off is refused for "on" by the config's check.)
+        StandbyPolicy::On if config.image.is_some() => return Ok(StandbyKind::Spare),
         StandbyPolicy::On => return Ok(StandbyKind::Initialised),
         StandbyPolicy::Auto => {}
     }
