@@ -525,7 +525,8 @@ impl Run<'_> {
             ),
             Some(_) => return Some(base),
         };
-        self.drop_standby(&format!("it does not take over: {why}"), false);
+        tracing::info!("the standby on the image's spare does not take over: {why}");
+        self.drop_standby("it did not take over", false);
         None
     }
 
