@@ -363,6 +363,18 @@ def test_a_forced_restart_lets_fuse2fs_flush_its_image_first(mount):
 def test_a_listing_waiting_on_a_stopped_driver_goes_on_after_a_restart(mount, driver):
     """A READDIR in flight when the driver is replaced is sent again on the reopened directory
     handle, and the listing sees every entry exactly once."""
+    listing_across_a_restart(mount, driver, in_flight=True)
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_listing_half_read_at_a_crash_goes_on_after_it(mount, driver):
+    """A listing half read when the driver is killed goes on, after the recovery, from where
+    it was, on the reopened handle (the new driver is made to list from the start first, as
+    libfuse's high-level API and sshfs need), and sees every entry exactly once."""
+    listing_across_a_restart(mount, driver, in_flight=False)
+
+
+def listing_across_a_restart(mount, driver, in_flight):
     names = {f"entry-{i:05d}" for i in range(1500)}
     with mount(driver, "rebound", config=toml(restart_backoff_ms=0)) as m:
         many = m.mnt / "many"
@@ -379,14 +391,20 @@ def test_a_listing_waiting_on_a_stopped_driver_goes_on_after_a_restart(mount, dr
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             listing.stdout.readline()  # the first chunk is read; the next one will wait
-            os.kill(status["driver_pid"], signal.SIGSTOP)
-            listing.stdin.write("go\n")
-            listing.stdin.flush()
-            waiting = conn / "waiting"
-            assert wait_for(lambda: int(waiting.read_text()) > 0, 10), \
-                explain(m, "the listing sent no request to the stopped driver")
-            rc, out, err, _ = mounts.run_rebound(["restart", str(m.mnt)], timeout=60)
-            assert rc == 0, explain(m, f"rebound restart exited {rc}:\n{out}{err}")
+            if in_flight:
+                os.kill(status["driver_pid"], signal.SIGSTOP)
+                listing.stdin.write("go\n")
+                listing.stdin.flush()
+                waiting = conn / "waiting"
+                assert wait_for(lambda: int(waiting.read_text()) > 0, 10), \
+                    explain(m, "the listing sent no request to the stopped driver")
+                rc, out, err, _ = mounts.run_rebound(["restart", str(m.mnt)], timeout=60)
+                assert rc == 0, explain(m, f"rebound restart exited {rc}:\n{out}{err}")
+            else:
+                os.kill(status["driver_pid"], signal.SIGKILL)
+                wait_serving(m, lambda s: serving(s) and s["restarts"] == 1)
+                listing.stdin.write("go\n")
+                listing.stdin.flush()
             out, _ = listing.communicate(timeout=CHILD_TIMEOUT)
         finally:
             listing.kill()

@@ -294,6 +294,9 @@ struct Shared {
     /// The channel of a standby on a spare of the image, brought forward after each
     /// checkpoint (see `checkpoints`).
     spare_standby: Mutex<Option<OwnedFd>>,
+    /// Directory handles (the kernel's) reopened in a restarted driver and not yet listed from
+    /// their start (see `recovery::prime_reopened_directory`).
+    unprimed_dirs: Mutex<HashSet<u64>>,
     /// The image checkpoint, if the driver's image is cloned at each checkpoint.
     image: Option<checkpoints::ImageGate>,
     /// Directories where names were lately removed (most recent last): a driver killed there
@@ -614,6 +617,7 @@ impl Proxy {
             store_changed: AtomicBool::new(false),
             checkpoint_due: checkpoints::CheckpointDue::new(options.checkpoint_changes),
             spare_standby: Mutex::new(None),
+            unprimed_dirs: Mutex::new(HashSet::new()),
             image: options.image.clone().map(checkpoints::ImageGate::new),
             removal_dirs: Mutex::new(Vec::new()),
             beside: None,
@@ -1150,6 +1154,12 @@ fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
             *shared.init.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg.to_vec());
         }
         _ => {}
+    }
+    if let Some((fh, true)) = info.release {
+        recovery::forget_unprimed(shared, fh);
+    }
+    if matches!(info.opcode, Some(Opcode::Readdir | Opcode::Readdirplus)) {
+        recovery::prime_reopened_directory(shared, msg, &info.fields, &info.change);
     }
     // RELEASE lets go of the handle at once, whatever the driver answers.
     let released = info

@@ -255,6 +255,88 @@ pub(super) fn replay_in_standby(
     Ok(applied)
 }
 
+/// Before the first READDIR of a directory handle reopened in a restarted driver, if it does
+/// not start at offset 0, the driver is made to list the directory from its start: libfuse's
+/// high-level API reads a whole directory when asked for offset 0 and serves later offsets
+/// from that copy (sshfs asserts it is never asked for another offset first). Done then, and
+/// not at the restore: listing a large directory takes milliseconds (tar holds every
+/// directory of the path it extracts to open, and lists none of them).
+///
+/// This one: the kernel's READDIR `msg` (its ids) on a serving driver.
+pub(super) fn prime_reopened_directory(
+    shared: &Shared,
+    msg: &[u8],
+    fields: &fuse_wire::ids::IdFields,
+    change: &PendingChange,
+) {
+    let Some(fh) = unprimed_listing(shared, msg) else {
+        return;
+    };
+    let Some((driver, _)) = shared.link().current().map(|(d, g)| (d.clone(), g)) else {
+        return; // (Parked: primed when sent again, see `send_again`.)
+    };
+    let mut listing = msg.to_vec();
+    if shared
+        .objects()
+        .to_driver(&mut listing, *fields, change)
+        .is_ok()
+    {
+        list_from_start(shared, &driver, &listing);
+        lock(&shared.unprimed_dirs).remove(&fh);
+    }
+}
+
+/// The kernel's handle in READDIR `msg` if it was reopened and not listed yet, and `msg`
+/// does not list from the start (which needs nothing more).
+fn unprimed_listing(shared: &Shared, msg: &[u8]) -> Option<u64> {
+    let read_at = fuse_wire::abi::size::IN_HEADER;
+    let (fh, offset) = (read_u64(msg, read_at)?, read_u64(msg, read_at + 8)?);
+    let mut unprimed = lock(&shared.unprimed_dirs);
+    if unprimed.is_empty() || !unprimed.contains(&fh) {
+        return None;
+    }
+    if offset == 0 {
+        unprimed.remove(&fh);
+        return None;
+    }
+    Some(fh)
+}
+
+/// Sends `driver` a plain READDIR from offset 0 of the handle in `translated` (a READDIR or
+/// READDIRPLUS in the driver's ids), and waits for the answer, which is of no use. (Plain: a
+/// READDIRPLUS would hand out nodes no one forgets.)
+fn list_from_start(shared: &Shared, driver: &OwnedFd, translated: &[u8]) {
+    let read_at = fuse_wire::abi::size::IN_HEADER;
+    let (Some(node), Some(fh)) = (
+        read_u64(
+            translated,
+            std::mem::offset_of!(fuse_wire::InHeader, nodeid),
+        ),
+        read_u64(translated, read_at),
+    ) else {
+        return;
+    };
+    let calls = &shared.calls;
+    let unique = calls.next_unique();
+    let listing = readdir_request(unique, node, fh, 0, PRIMING_READDIR_SIZE);
+    let timeout = Duration::from_millis(shared.lookup_timeout_ms.load(Ordering::Relaxed));
+    if let Err(e) = calls.call_all(driver, &[(unique, listing)], timeout) {
+        tracing::debug!("listing a reopened directory from its start: {e}");
+    }
+}
+
+/// The kernel released directory handle `fh`: it needs no listing any more.
+pub(super) fn forget_unprimed(shared: &Shared, fh: u64) {
+    let mut unprimed = lock(&shared.unprimed_dirs);
+    if !unprimed.is_empty() {
+        unprimed.remove(&fh);
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Sends `requests` (each with its unique) on `channel` and reads their replies from it, in
 /// the order of the requests, at most `timeout` in all.
 fn call_directly(
@@ -528,16 +610,12 @@ impl NewDriver<'_> {
                 ReplyShape::Open,
             )
             .map_err(|e| format!("reopening handles: {e}"))?;
-        let mut listings = Vec::new();
         for (&(fh, dir, driver_node, flags), reply) in opens.iter().zip(replies) {
             match reply.ok().and_then(|open_out| read_u64(&open_out, 0)) {
                 Some(driver_fh) => {
                     if self.shared.objects().restore_handle(fh, dir, driver_fh) {
                         restored.handles += 1;
                         self.retake_locks(fh)?;
-                        if dir {
-                            listings.push((driver_node, driver_fh));
-                        }
                     } else {
                         self.release(driver_node, driver_fh, flags, dir);
                     }
@@ -546,16 +624,9 @@ impl NewDriver<'_> {
             }
         }
         // A reopened directory is read from its start once before the kernel goes on from
-        // where it was: libfuse's high-level API reads a whole directory when asked for
-        // offset 0 and serves later offsets from that copy (sshfs asserts it is never asked
-        // for another offset first). What the driver answers is of no use to anyone.
-        self.call_all(
-            listings.iter().map(|&(driver_node, driver_fh)| {
-                readdir_request(0, driver_node, driver_fh, 0, PRIMING_READDIR_SIZE)
-            }),
-            ReplyShape::UpTo(PRIMING_READDIR_SIZE),
-        )
-        .map_err(|e| format!("listing reopened directories: {e}"))?;
+        // where it was (see `prime_reopened_directory`): when, and if, it does.
+        let mut unprimed = lock(&self.shared.unprimed_dirs);
+        unprimed.extend(opens.iter().filter(|o| o.1).map(|o| o.0));
         Ok(())
     }
 
@@ -884,6 +955,9 @@ impl NewDriver<'_> {
             Ok(req) => req.id_fields(),
             Err(_) => return answer_in_drivers_place(shared, unique, queue, Errno::IO),
         };
+        let is_listing =
+            [Opcode::Readdir as u32, Opcode::Readdirplus as u32].contains(&request.opcode);
+        let unprimed = is_listing.then(|| unprimed_listing(shared, msg)).flatten();
         match translate(
             shared,
             self.driver,
@@ -893,7 +967,13 @@ impl NewDriver<'_> {
             &request.change,
             self.timeout,
         ) {
-            Ok(patches) => request.request.patches = patches,
+            Ok(patches) => {
+                request.request.patches = patches;
+                if let Some(fh) = unprimed {
+                    list_from_start(shared, self.driver, msg);
+                    lock(&shared.unprimed_dirs).remove(&fh);
+                }
+            }
             Err(tracker::Untranslated::Pending(_)) => {
                 // This driver failed while a node was looked up: the next one gets it.
                 request.request.patches = tracker::Patches::default();
