@@ -724,3 +724,25 @@ def test_a_hung_driver_is_found_by_the_liveness_probe(mount, driver):
             explain(m, f"last_failure does not name the probe: {after['last_failure']!r}")
         assert wait_for(lambda: not mounts.alive(hung), 10), "rebound left the hung driver"
         assert workloads.read_uncached(m.mnt / "f") == b"still here"
+
+def test_files_a_killed_driver_hid_are_deleted_after_each_restart(mount):
+    """libfuse's high-level API hides a file unlinked while open (`.fuse_hidden*`) and deletes
+    it at its last release; a driver killed in between leaves it. After each restart the
+    directories where names were removed since the last one are cleaned: here the same
+    directory twice, each time with a file the driver just hid."""
+    with mount("fuse2fs", "rebound", config=toml(restart_backoff_ms=0)) as m:
+        d = m.mnt / "d"
+        d.mkdir()
+        for round_ in range(2):
+            status = wait_serving(m, lambda s, r=round_: serving(s) and s["restarts"] == r)
+            victim = d / f"open{round_}"
+            victim.write_text("x")
+            with open(victim) as held:
+                victim.unlink()
+                hidden = [n for n in os.listdir(d) if workloads.is_hidden(n)]
+                assert hidden, explain(m, "the driver did not hide the open file")
+                os.kill(status["driver_pid"], signal.SIGKILL)
+                wait_serving(m, lambda s, r=round_: serving(s) and s["restarts"] == r + 1)
+                left = [n for n in os.listdir(d) if workloads.is_hidden(n)]
+                assert not left, explain(m, f"after restart {round_ + 1}: {left}")
+                del held

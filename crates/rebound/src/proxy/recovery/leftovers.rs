@@ -4,8 +4,8 @@
 //! node ids and counter start again from the same values, finds those names taken: after ten
 //! it answers the next UNLINK of an open file with `EBUSY`.
 //!
-//! So after a restart, rebound lists the directories where names were removed lately and
-//! deletes what is hidden there. No kernel handle can reach such a file any more: one unlinked
+//! So after a restart, rebound lists the directories where names were removed since the last
+//! restart (the last 16) and deletes what is hidden there. No kernel handle can reach such a file any more: one unlinked
 //! while open has no name rebound could reopen it by.
 //!
 //! Owns: finding and removing the leftovers. Must not: touch any other name.
@@ -24,7 +24,7 @@ use super::NewDriver;
 const HIDDEN: &[u8] = b".fuse_hidden";
 /// At most this many are deleted in one recovery (the rest in the next ones): a recovery must
 /// stay short, or failures as frequent as it is long would stop all progress.
-const MAX_REMOVED: usize = 256;
+pub(super) const MAX_REMOVED: usize = 256;
 /// How much of a directory one READDIR asks for.
 const LISTING_SIZE: u32 = 64 * 1024;
 /// A directory is listed at most this far (a directory this large rarely has hidden files

@@ -456,6 +456,12 @@ pub(super) fn restore(
         restored.leftovers = new
             .remove_leftovers(&removal_dirs)
             .map_err(|e| format!("removing hidden files: {e}"))?;
+        // Cleaned: only a name removed from now on, by this driver, can leave another there
+        // (listing them at every recovery cost the demo ~10 ms each). Kept if the cap cut the
+        // cleaning short.
+        if restored.leftovers < leftovers::MAX_REMOVED {
+            lock(&shared.removal_dirs).retain(|dir| !removal_dirs.contains(dir));
+        }
     }
     for chunk in plan.handles.chunks(BATCH) {
         new.restore_handles(chunk, &mut restored)?;
