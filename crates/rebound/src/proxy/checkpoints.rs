@@ -44,7 +44,7 @@ impl Proxy {
     /// serving driver acknowledges, a few milliseconds later, through `channel` (a copy of
     /// rebound's end).
     pub fn follow_spare_with(&self, channel: OwnedFd) {
-        *lock(&self.shared.spare_standby) = Some(channel);
+        *lock(&self.shared.spare_standby) = Some(recovery::Follower::new(channel));
     }
 
     /// At a failure: the standby on the spare is no longer brought forward (waiting for the
@@ -235,10 +235,12 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
 
 /// How often the standby on the spare is given what it lacks.
 const FOLLOW_INTERVAL: Duration = Duration::from_millis(10);
+/// At most this many changes at a time: a failure waits for the batch under way.
+const FOLLOW_BATCH: usize = 64;
 
 /// The follower's loop (runs for as long as rebound does, with an image): gives the standby
 /// on the spare, if there is one to follow, the changes acknowledged since it was last given
-/// some, so that a failure finds it lacking only the last few milliseconds' (a roll-back
+/// some (at most [`FOLLOW_BATCH`] at a time), so that a failure finds it lacking only the last few milliseconds' (a roll-back
 /// lacks everything since the last checkpoint). A standby that cannot take them is followed
 /// no more, and does not take over.
 pub(super) fn follow(shared: &Shared, timeout: Duration) {
@@ -248,16 +250,19 @@ pub(super) fn follow(shared: &Shared, timeout: Duration) {
     loop {
         std::thread::sleep(FOLLOW_INTERVAL);
         let mut spare = lock(&shared.spare_standby);
-        let Some(channel) = spare.as_ref() else {
+        let Some(follower) = spare.as_mut() else {
             continue;
         };
-        let Some((entries, position)) = lock(redo).lacking().filter(|(e, _)| !e.is_empty()) else {
+        let Some((mut entries, end)) = lock(redo).lacking().filter(|(e, _)| !e.is_empty()) else {
             continue;
         };
+        // (What it lacks runs up to `end`.)
+        let start = end - entries.len() as u64;
+        entries.truncate(FOLLOW_BATCH);
         let started = Instant::now();
-        match recovery::replay_in_standby(shared, channel, timeout, &entries) {
+        match follower.give(shared, timeout, &entries) {
             Ok(applied) => {
-                lock(redo).followed(position);
+                lock(redo).followed(start + entries.len() as u64);
                 tracing::trace!(
                     "standby given {applied} changes in {} µs",
                     started.elapsed().as_micros()

@@ -293,7 +293,7 @@ struct Shared {
     checkpoint_due: checkpoints::CheckpointDue,
     /// The channel of a standby on a spare of the image, brought forward after each
     /// checkpoint (see `checkpoints`).
-    spare_standby: Mutex<Option<OwnedFd>>,
+    spare_standby: Mutex<Option<recovery::Follower>>,
     /// Directory handles (the kernel's) reopened in a restarted driver and not yet listed from
     /// their start (see `recovery::prime_reopened_directory`).
     unprimed_dirs: Mutex<HashSet<u64>>,

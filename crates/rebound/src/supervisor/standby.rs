@@ -504,7 +504,6 @@ impl Run<'_> {
         let standby = self.standby.as_ref()?;
         let base = standby.spare?;
         let proxy = &self.served.as_ref()?.proxy;
-        let lacking = proxy.stop_following_spare();
         // What it will write is what becomes the image: checked, not assumed.
         let spare = self.image.as_ref().and_then(|image| image.spare_file_id());
         let holds_spare = || {
@@ -514,16 +513,21 @@ impl Run<'_> {
                     .any(|pid| process::has_open(pid, file))
             })
         };
-        let why = match lacking {
-            _ if !standby.mounted() => "it has not reached its mount".to_string(),
-            _ if !standby.ready() => "it left its mount".to_string(),
-            _ if !holds_spare() => "it does not have the spare open".to_string(),
-            None => "the redo log no longer holds what its spare lacks".to_string(),
-            Some((lacks, rolled_back)) if lacks > rolled_back + SPARE_EXTRA_MAX => format!(
-                "it lacks {lacks} logged changes, a roll-back {rolled_back}; rolling back is \
-                 quicker"
-            ),
-            Some(_) => return Some(base),
+        let why = if !standby.mounted() {
+            "it has not reached its mount".to_string()
+        } else if !standby.ready() {
+            "it left its mount".to_string()
+        } else if !holds_spare() {
+            "it does not have the spare open".to_string()
+        } else {
+            match proxy.stop_following_spare() {
+                None => "the redo log no longer holds what its spare lacks".to_string(),
+                Some((lacks, rolled_back)) if lacks > rolled_back + SPARE_EXTRA_MAX => format!(
+                    "it lacks {lacks} logged changes, a roll-back {rolled_back}; rolling back \
+                     is quicker"
+                ),
+                Some(_) => return Some(base),
+            }
         };
         tracing::info!("the standby on the image's spare does not take over: {why}");
         self.drop_standby("it did not take over", false);

@@ -14,9 +14,14 @@
 //! Owns: the restore sequence and the decision, per request, to repeat or to settle it.
 //! Must not: hold the object table's lock across a request to the driver.
 
+mod follower;
 mod leftovers;
+mod listing;
 mod replay;
 
+pub(super) use follower::Follower;
+pub(super) use listing::{forget_unprimed, prime_reopened_directory};
+use listing::{list_from_start, lock, unprimed_listing};
 use replay::log_skipped;
 
 use std::io;
@@ -26,8 +31,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fuse_wire::ids::{
-    forget_request, getattr_request, lookup_request, open_request, read_u64, readdir_request,
-    release_request, write_u64,
+    forget_request, getattr_request, lookup_request, open_request, read_u64, release_request,
+    write_u64,
 };
 use fuse_wire::{DriverMessage, Opcode, ReplyShape, Request};
 use rustix::io::Errno;
@@ -232,151 +237,6 @@ pub(super) fn flush_through(
     .flush_through(node)
 }
 
-/// Applies `entries` of the redo log in a standby successor through its `channel`, which no
-/// other thread reads (see `checkpoints`: a standby on a spare brought forward); logs what
-/// could not be, and returns how many were.
-pub(super) fn replay_in_standby(
-    shared: &Shared,
-    channel: &OwnedFd,
-    timeout: Duration,
-    entries: &[tracker::Mutation],
-) -> io::Result<usize> {
-    let driver = Arc::new(channel.try_clone()?);
-    let new = NewDriver {
-        init_reply: std::cell::OnceCell::new(),
-        shared,
-        driver: &driver,
-        generation: 0,
-        timeout,
-        direct: true,
-    };
-    let (applied, skipped) = new.replay(entries)?;
-    log_skipped(&skipped);
-    Ok(applied)
-}
-
-/// Before the first READDIR of a directory handle reopened in a restarted driver, if it does
-/// not start at offset 0, the driver is made to list the directory from its start: libfuse's
-/// high-level API reads a whole directory when asked for offset 0 and serves later offsets
-/// from that copy (sshfs asserts it is never asked for another offset first). Done then, and
-/// not at the restore: listing a large directory takes milliseconds (tar holds every
-/// directory of the path it extracts to open, and lists none of them).
-///
-/// This one: the kernel's READDIR `msg` (its ids) on a serving driver.
-pub(super) fn prime_reopened_directory(
-    shared: &Shared,
-    msg: &[u8],
-    fields: &fuse_wire::ids::IdFields,
-    change: &PendingChange,
-) {
-    let Some(fh) = unprimed_listing(shared, msg) else {
-        return;
-    };
-    let Some((driver, _)) = shared.link().current().map(|(d, g)| (d.clone(), g)) else {
-        return; // (Parked: primed when sent again, see `send_again`.)
-    };
-    let mut listing = msg.to_vec();
-    if shared
-        .objects()
-        .to_driver(&mut listing, *fields, change)
-        .is_ok()
-    {
-        list_from_start(shared, &driver, &listing);
-        lock(&shared.unprimed_dirs).remove(&fh);
-    }
-}
-
-/// The kernel's handle in READDIR `msg` if it was reopened and not listed yet, and `msg`
-/// does not list from the start (which needs nothing more).
-fn unprimed_listing(shared: &Shared, msg: &[u8]) -> Option<u64> {
-    let read_at = fuse_wire::abi::size::IN_HEADER;
-    let (fh, offset) = (read_u64(msg, read_at)?, read_u64(msg, read_at + 8)?);
-    let mut unprimed = lock(&shared.unprimed_dirs);
-    if unprimed.is_empty() || !unprimed.contains(&fh) {
-        return None;
-    }
-    if offset == 0 {
-        unprimed.remove(&fh);
-        return None;
-    }
-    Some(fh)
-}
-
-/// Sends `driver` a plain READDIR from offset 0 of the handle in `translated` (a READDIR or
-/// READDIRPLUS in the driver's ids), and waits for the answer, which is of no use. (Plain: a
-/// READDIRPLUS would hand out nodes no one forgets.)
-fn list_from_start(shared: &Shared, driver: &OwnedFd, translated: &[u8]) {
-    let read_at = fuse_wire::abi::size::IN_HEADER;
-    let (Some(node), Some(fh)) = (
-        read_u64(
-            translated,
-            std::mem::offset_of!(fuse_wire::InHeader, nodeid),
-        ),
-        read_u64(translated, read_at),
-    ) else {
-        return;
-    };
-    let calls = &shared.calls;
-    let unique = calls.next_unique();
-    let listing = readdir_request(unique, node, fh, 0, PRIMING_READDIR_SIZE);
-    let timeout = Duration::from_millis(shared.lookup_timeout_ms.load(Ordering::Relaxed));
-    if let Err(e) = calls.call_all(driver, &[(unique, listing)], timeout) {
-        tracing::debug!("listing a reopened directory from its start: {e}");
-    }
-}
-
-/// The kernel released directory handle `fh`: it needs no listing any more.
-pub(super) fn forget_unprimed(shared: &Shared, fh: u64) {
-    let mut unprimed = lock(&shared.unprimed_dirs);
-    if !unprimed.is_empty() {
-        unprimed.remove(&fh);
-    }
-}
-
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Sends `requests` (each with its unique) on `channel` and reads their replies from it, in
-/// the order of the requests, at most `timeout` in all.
-fn call_directly(
-    channel: &OwnedFd,
-    requests: &[(u64, Vec<u8>)],
-    timeout: Duration,
-) -> io::Result<Vec<Vec<u8>>> {
-    use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    let deadline = Instant::now() + timeout;
-    for (_, request) in requests {
-        rustix::net::send(channel, request, SendFlags::NOSIGNAL)?;
-    }
-    let mut replies: std::collections::HashMap<u64, Vec<u8>> = Default::default();
-    let mut buffer = vec![0u8; 64 << 10];
-    while replies.len() < requests.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let left = Timespec::try_from(left).map_err(io::Error::other)?;
-        let mut fds = [PollFd::new(channel, PollFlags::IN)];
-        if poll(&mut fds, Some(&left))? == 0 {
-            return Err(io::ErrorKind::TimedOut.into());
-        }
-        let (len, _) = rustix::net::recv(channel, &mut buffer, rustix::net::RecvFlags::DONTWAIT)?;
-        if len == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the driver closed its channel",
-            ));
-        }
-        let reply = &buffer[..len.min(buffer.len())];
-        let unique = read_u64(reply, std::mem::offset_of!(fuse_wire::OutHeader, unique));
-        if let Some(unique) = unique.filter(|u| requests.iter().any(|(r, _)| r == u)) {
-            replies.insert(unique, reply.to_vec());
-        }
-    }
-    Ok(requests
-        .iter()
-        .map(|(unique, _)| replies.remove(unique).unwrap_or_default())
-        .collect())
-}
-
 /// A driver and the means to talk to it.
 struct NewDriver<'a> {
     /// The new driver's reply to the replayed INIT.
@@ -526,7 +386,7 @@ impl NewDriver<'_> {
             })
             .collect();
         let replies = match self.direct {
-            true => call_directly(self.driver, &requests, self.timeout)?,
+            true => follower::call_directly(self.driver, &requests, self.timeout)?,
             false => calls.call_all(self.driver, &requests, self.timeout)?,
         };
         Ok(replies

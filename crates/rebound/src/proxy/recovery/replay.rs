@@ -256,6 +256,18 @@ impl NewDriver<'_> {
             // everything since: each change applies, whatever the inode numbers say.
             walker.numbers_kept = self.shared.image.is_none() && self.numbers_kept(&mut walker)?;
         }
+        let replayed = self.replay_with(&mut walker, entries)?;
+        self.close_writable(&mut walker);
+        self.forget_lookups(walker);
+        Ok(replayed)
+    }
+
+    /// [`NewDriver::replay`] with `walker`, which keeps what it found and opened.
+    fn replay_with(
+        &self,
+        walker: &mut Walker,
+        entries: &[tracker::Mutation],
+    ) -> io::Result<(usize, Vec<SkippedChange>)> {
         let (mut applied, mut skipped) = (0, Vec::new());
         for mutation in entries {
             let what = mutation
@@ -263,7 +275,7 @@ impl NewDriver<'_> {
                 .get(4..8)
                 .and_then(|op| Opcode::from_raw(u32::from_ne_bytes(op.try_into().ok()?)))
                 .map_or_else(|| "?".to_string(), |op| format!("{op:?}"));
-            let replayed = self.replay_one(&mut walker, mutation).map_err(|e| {
+            let replayed = self.replay_one(walker, mutation).map_err(|e| {
                 io::Error::new(e.kind(), format!("{what} of {:?}: {e}", mutation.paths))
             })?;
             match replayed {
@@ -279,8 +291,6 @@ impl NewDriver<'_> {
                 }),
             }
         }
-        self.close_writable(&mut walker);
-        self.forget_lookups(walker);
         Ok((applied, skipped))
     }
 
