@@ -11,7 +11,8 @@
 //! it are dropped only once the clone exists.
 //!
 //! A standby successor may be started on a spare of the image's current checkpoint: the redo
-//! log then keeps what later checkpoints cover, which that standby would still lack.
+//! log then keeps, for it, what later checkpoints cover, and a thread here gives it every
+//! acknowledged change a few milliseconds later (`follow`).
 //!
 //! Owns: when checkpoints happen, the quiet around them, and the redo log's part in a spare.
 //! Must not: replay (see [`super::recovery`]) or clone files itself.
@@ -240,8 +241,8 @@ const FOLLOW_BATCH: usize = 64;
 
 /// The follower's loop (runs for as long as rebound does, with an image): gives the standby
 /// on the spare, if there is one to follow, the changes acknowledged since it was last given
-/// some (at most [`FOLLOW_BATCH`] at a time), so that a failure finds it lacking only the last few milliseconds' (a roll-back
-/// lacks everything since the last checkpoint). A standby that cannot take them is followed
+/// some (at most [`FOLLOW_BATCH`] at a time), so that a failure finds it lacking only the
+/// last few milliseconds' (a roll-back lacks everything since the last checkpoint). A standby that cannot take them is followed
 /// no more, and does not take over.
 pub(super) fn follow(shared: &Shared, timeout: Duration) {
     let Some(redo) = &shared.redo else {
