@@ -17,8 +17,8 @@
 //! failure on the image itself; its standby runs on a *spare*, a clone of the last checkpoint
 //! shown to it at the image's path, and is brought forward at the hand-over by the redo log's
 //! changes since that checkpoint (kept for it), while the spare is renamed over the image.
-//! Once it has answered its INIT, the proxy brings it forward after each checkpoint, so that
-//! the hand-over replays no more than a roll-back would.
+//! Once it has answered its INIT, the proxy gives it every acknowledged change about 10 ms
+//! later (`proxy::checkpoints::follow`), so that the hand-over replays only the last few.
 //!
 //! Owns: whether a standby can be correct for a driver, the standby's calls until it waits
 //! for its INIT, which processes are its, its death before use and the pace of replacing it.
@@ -153,8 +153,8 @@ pub struct Standby {
     pub started: Instant,
     /// The number of the checkpoint whose spare it runs on.
     pub spare: Option<u64>,
-    /// A spare's standby that answered its INIT is brought forward at each checkpoint by the
-    /// proxy, which reads its channel from then on: its INIT exchange, kept for the hand-over.
+    /// A spare's standby that answered its INIT is brought forward by the proxy, which reads
+    /// its channel from then on: its INIT exchange, kept for the hand-over.
     pub followed: Option<Result<(u64, Vec<u8>), String>>,
 }
 
@@ -356,7 +356,7 @@ impl Run<'_> {
     }
 
     /// While the driver serves: starts a standby successor if the run keeps one, none is
-    /// there, and the pace allows; replaces a spare's standby fallen behind.
+    /// there, and the pace allows; has a spare's standby followed once it answered its INIT.
     pub(super) fn keep_standby(&mut self, now: Instant) {
         let (gated, spare) = match &self.standby_kind {
             Ok(StandbyKind::Initialised) => (false, false),
@@ -448,8 +448,8 @@ impl Run<'_> {
         }
     }
 
-    /// A spare's standby: once it answered its INIT, the proxy brings it forward at each
-    /// checkpoint; one the redo log can no longer bring forward is ended.
+    /// A spare's standby: once it answered its INIT, the proxy brings it forward (see the
+    /// module doc); one the redo log can no longer bring forward is ended.
     fn follow_spare(&mut self) {
         let (Some(standby), Some(s)) = (&mut self.standby, &self.served) else {
             return;
