@@ -52,7 +52,9 @@ impl Proxy {
     /// last time to end). Returns how many logged changes it lacks, if the redo log still
     /// holds them, and how many a driver on the image rolled back would lack.
     pub fn stop_following_spare(&self) -> Option<(usize, usize)> {
+        self.shared.spare_wanted.store(true, Ordering::Relaxed);
         lock(&self.shared.spare_standby).take();
+        self.shared.spare_wanted.store(false, Ordering::Relaxed);
         let log = lock(self.shared.redo.as_ref()?);
         log.lacking()
             .is_some()
@@ -236,8 +238,9 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
 
 /// How often the standby on the spare is given what it lacks.
 const FOLLOW_INTERVAL: Duration = Duration::from_millis(10);
-/// At most this many changes at a time: a failure waits for the batch under way.
-const FOLLOW_BATCH: usize = 64;
+/// At most this many changes at a time (a failure cuts a batch short after the change under
+/// way; the longer a batch, the fewer lookups from the root).
+const FOLLOW_BATCH: usize = 256;
 
 /// The follower's loop (runs for as long as rebound does, with an image): gives the standby
 /// on the spare, if there is one to follow, the changes acknowledged since it was last given
@@ -261,11 +264,11 @@ pub(super) fn follow(shared: &Shared, timeout: Duration) {
         let start = end - entries.len() as u64;
         entries.truncate(FOLLOW_BATCH);
         let started = Instant::now();
-        match follower.give(shared, timeout, &entries) {
-            Ok(applied) => {
-                lock(redo).followed(start + entries.len() as u64);
+        match follower.give(shared, timeout, &entries, &shared.spare_wanted) {
+            Ok(done) => {
+                lock(redo).followed(start + done as u64);
                 tracing::trace!(
-                    "standby given {applied} changes in {} µs",
+                    "standby given {done} changes in {} µs",
                     started.elapsed().as_micros()
                 );
             }

@@ -294,6 +294,9 @@ struct Shared {
     /// The channel of a standby on a spare of the image, brought forward after each
     /// checkpoint (see `checkpoints`).
     spare_standby: Mutex<Option<recovery::Follower>>,
+    /// Set while a failure waits for `spare_standby`: the batch under way ends after the
+    /// change it is replaying.
+    spare_wanted: AtomicBool,
     /// Directory handles (the kernel's) reopened in a restarted driver and not yet listed from
     /// their start (see `recovery::prime_reopened_directory`).
     unprimed_dirs: Mutex<HashSet<u64>>,
@@ -617,6 +620,7 @@ impl Proxy {
             store_changed: AtomicBool::new(false),
             checkpoint_due: checkpoints::CheckpointDue::new(options.checkpoint_changes),
             spare_standby: Mutex::new(None),
+            spare_wanted: AtomicBool::new(false),
             unprimed_dirs: Mutex::new(HashSet::new()),
             image: options.image.clone().map(checkpoints::ImageGate::new),
             removal_dirs: Mutex::new(Vec::new()),

@@ -6,6 +6,7 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,13 +31,15 @@ impl Follower {
         }
     }
 
-    /// Applies `entries`, the next of the log (see `tracker::RedoLog::lacking`); logs what
-    /// could not be, and returns how many were.
+    /// Applies `entries`, the next of the log (see `tracker::RedoLog::lacking`), or the first
+    /// of them until `stop` is set; logs what could not be applied, and returns how many were
+    /// replayed or skipped (the standby lacks the rest).
     pub(in crate::proxy) fn give(
         &mut self,
         shared: &Shared,
         timeout: Duration,
         entries: &[tracker::Mutation],
+        stop: &AtomicBool,
     ) -> io::Result<usize> {
         let new = NewDriver {
             init_reply: std::cell::OnceCell::new(),
@@ -46,9 +49,9 @@ impl Follower {
             timeout,
             direct: true,
         };
-        let (applied, skipped) = new.replay(entries)?;
+        let (applied, skipped) = new.replay_until(entries, || stop.load(Ordering::Relaxed))?;
         log_skipped(&skipped);
-        Ok(applied)
+        Ok(applied + skipped.len())
     }
 }
 

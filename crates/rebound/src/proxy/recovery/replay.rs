@@ -250,13 +250,23 @@ impl NewDriver<'_> {
         &self,
         entries: &[tracker::Mutation],
     ) -> io::Result<(usize, Vec<SkippedChange>)> {
+        self.replay_until(entries, || false)
+    }
+
+    /// [`NewDriver::replay`] of the first of `entries`, up to the first at which `stop` says
+    /// so.
+    pub(super) fn replay_until(
+        &self,
+        entries: &[tracker::Mutation],
+        stop: impl Fn() -> bool,
+    ) -> io::Result<(usize, Vec<SkippedChange>)> {
         let mut walker = Walker::default();
         if !entries.is_empty() {
             // After a roll-back the image is exactly as at the checkpoint, and the log holds
             // everything since: each change applies, whatever the inode numbers say.
             walker.numbers_kept = self.shared.image.is_none() && self.numbers_kept(&mut walker)?;
         }
-        let replayed = self.replay_with(&mut walker, entries)?;
+        let replayed = self.replay_with(&mut walker, entries, stop)?;
         self.close_writable(&mut walker);
         self.forget_lookups(walker);
         Ok(replayed)
@@ -267,9 +277,13 @@ impl NewDriver<'_> {
         &self,
         walker: &mut Walker,
         entries: &[tracker::Mutation],
+        stop: impl Fn() -> bool,
     ) -> io::Result<(usize, Vec<SkippedChange>)> {
         let (mut applied, mut skipped) = (0, Vec::new());
         for mutation in entries {
+            if stop() {
+                break;
+            }
             let what = mutation
                 .request
                 .get(4..8)
