@@ -236,8 +236,9 @@ pub(super) fn run(shared: &Shared, interval: Duration, timeout: Duration) {
     }
 }
 
-/// How often the standby on the spare is given what it lacks.
-const FOLLOW_INTERVAL: Duration = Duration::from_millis(10);
+/// How often the follower looks for changes when the standby on the spare lacks none (with
+/// a backlog it goes on at once: the longer a batch waits, the more a failure replays).
+const FOLLOW_INTERVAL: Duration = Duration::from_millis(2);
 /// At most this many changes at a time (a failure cuts a batch short after the change under
 /// way; the longer a batch, the fewer lookups from the root).
 const FOLLOW_BATCH: usize = 256;
@@ -245,14 +246,19 @@ const FOLLOW_BATCH: usize = 256;
 /// The follower's loop (runs for as long as rebound does, with an image): gives the standby
 /// on the spare, if there is one to follow, the changes acknowledged since it was last given
 /// some (at most [`FOLLOW_BATCH`] at a time), so that a failure finds it lacking only the
-/// last few milliseconds' (a roll-back lacks everything since the last checkpoint). A standby that cannot take them is followed
-/// no more, and does not take over.
+/// last batch's (a roll-back lacks everything since the last checkpoint). A standby that
+/// cannot take them is followed no more, and does not take over.
 pub(super) fn follow(shared: &Shared, timeout: Duration) {
     let Some(redo) = &shared.redo else {
         return;
     };
+    let mut idle = true;
     loop {
-        std::thread::sleep(FOLLOW_INTERVAL);
+        // (A failure waiting for the standby gets it before the next batch.)
+        if idle || shared.spare_wanted.load(Ordering::Relaxed) {
+            std::thread::sleep(FOLLOW_INTERVAL);
+        }
+        idle = true;
         let mut spare = lock(&shared.spare_standby);
         let Some(follower) = spare.as_mut() else {
             continue;
@@ -260,6 +266,7 @@ pub(super) fn follow(shared: &Shared, timeout: Duration) {
         let Some((mut entries, end)) = lock(redo).lacking().filter(|(e, _)| !e.is_empty()) else {
             continue;
         };
+        idle = false;
         // (What it lacks runs up to `end`.)
         let start = end - entries.len() as u64;
         entries.truncate(FOLLOW_BATCH);
