@@ -28,7 +28,7 @@ use tracker::PendingChange;
 use zerocopy::FromBytes;
 
 use super::{
-    cache_root_attr, commit_change, is_ours, Link, ProxyEvent, RequestInfo, Shared, NODEID_AT,
+    cache_root_attr, commit_change, is_ours, lock, Link, ProxyEvent, RequestInfo, Shared, NODEID_AT,
 };
 
 /// How often the observer's ring is drained: batches cost nothing a driver notices, a wake-up
@@ -77,10 +77,6 @@ impl Beside {
     pub(super) fn active(&self) -> bool {
         lock(&self.observer).is_some()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The opcodes the observer reports (see `rebound_observe::Observer::attach`): those that

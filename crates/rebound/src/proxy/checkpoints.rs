@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
-use super::{recovery, Link, Proxy, Shared};
+use super::{lock, recovery, Link, Proxy, Shared};
 use crate::checkpoint::ImageCheckpoint;
 
 impl Proxy {
@@ -286,10 +286,6 @@ pub(super) fn follow(shared: &Shared, timeout: Duration) {
             }
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Waits until the driver has answered every request sent to it (new ones are held by the

@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use tracker::{Mutation, ObjectSnapshot, ObjectTable, RedoLog, RedoSnapshot};
 
-use super::Shared;
+use super::{lock, Shared};
 
 /// A file is started anew, with a snapshot, past this size.
 const COMPACT_AT: u64 = 32 << 20;
@@ -60,10 +60,6 @@ pub struct Journaled {
     pub root_attr: Option<Vec<u8>>,
     /// The redo log, if one was kept.
     pub redo: Option<RedoLog>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn file_path(dir: &Path, number: u64) -> PathBuf {

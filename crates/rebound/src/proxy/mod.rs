@@ -283,7 +283,8 @@ struct Shared {
     misbehaviour: Mutex<Option<String>>,
     /// The generation whose misbehaviour was reported, plus one (0: none).
     misbehaviour_reported: AtomicU64,
-    restored: Mutex<Option<Result<Restored, String>>>,
+    /// The outcome of the latest restore, with its driver's generation.
+    restored: Mutex<Option<(u64, Result<Restored, String>)>>,
     /// How long a lookup of a pending node may wait for a restarted driver.
     lookup_timeout_ms: AtomicU64,
     /// The changes acknowledged since the last checkpoint, if kept.
@@ -812,23 +813,13 @@ impl Proxy {
                     timeout,
                     (init_reply, on_spare),
                 );
-                // A restore that ends after its driver was given up (the supervisor saw it
-                // fail another way and started the next) reports nothing: read late, its
-                // failure would be taken for the next driver's and end that one too.
-                let current = shared
-                    .link()
-                    .current()
-                    .is_some_and(|(_, g)| g == generation);
-                if !current {
-                    tracing::debug!("restore of a driver no longer current ended: {outcome:?}");
-                    return;
-                }
                 let event = if outcome.is_ok() {
                     ProxyEvent::Recovered
                 } else {
                     ProxyEvent::RecoveryFailed
                 };
-                *shared.restored.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+                *shared.restored.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((generation, outcome));
                 shared.report(event);
             })?;
         Ok(())
@@ -886,13 +877,19 @@ impl Proxy {
         }
     }
 
-    /// What the latest recovery restored, or why it failed.
+    /// What the latest recovery restored, or why it failed; `None` if that driver is no longer
+    /// the one attached. A restore that ends after its driver was given up (the supervisor saw
+    /// it fail another way and started the next) reports nothing: taken for the next driver's,
+    /// its failure would end that one too (the demo, 2026-11-26: "removing hidden files:
+    /// Broken pipe" of a dead standby ended the driver started after it).
     pub fn take_restored(&self) -> Option<Result<Restored, String>> {
-        self.shared
-            .restored
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+        let (generation, outcome) = lock(&self.shared.restored).take()?;
+        let current = self.shared.link().current().map(|(_, g)| g);
+        if current != Some(generation) {
+            tracing::debug!("restore of a driver no longer attached ended: {outcome:?}");
+            return None;
+        }
+        Some(outcome)
     }
 
     /// No driver is coming back for now: every waiting request and every new one fails with
@@ -2065,6 +2062,12 @@ fn write_to_kernel(shared: &Shared, queue: usize, msg: &[u8]) {
         Err(Errno::NODEV) => shared.report(ProxyEvent::KernelGone),
         Err(e) => tracing::warn!("kernel refused a driver message: {e}"),
     }
+}
+
+/// Locks `mutex`, whether or not a thread panicked holding it (what it guards stays usable:
+/// every update to it is one assignment or one call).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

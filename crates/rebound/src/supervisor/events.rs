@@ -171,9 +171,8 @@ impl Run<'_> {
                 }
             }
             ProxyEvent::RecoveryFailed => {
-                let why = match s.proxy.take_restored() {
-                    Some(Err(why)) => why,
-                    _ => "unknown".into(),
+                let Some(Err(why)) = s.proxy.take_restored() else {
+                    return;
                 };
                 tracing::error!("the new driver could not be restored: {why}");
                 self.restart_failed();

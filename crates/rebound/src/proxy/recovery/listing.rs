@@ -11,7 +11,7 @@ use std::time::Duration;
 use fuse_wire::ids::{read_u64, readdir_request};
 use tracker::PendingChange;
 
-use super::{Shared, PRIMING_READDIR_SIZE};
+use super::{lock, Shared, PRIMING_READDIR_SIZE};
 
 /// Before the first READDIR of a directory handle reopened in a restarted driver, if it does
 /// not start at offset 0, the driver is made to list the directory from its start: libfuse's
@@ -89,8 +89,4 @@ pub(in crate::proxy) fn forget_unprimed(shared: &Shared, fh: u64) {
     if !unprimed.is_empty() {
         unprimed.remove(&fh);
     }
-}
-
-pub(super) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }

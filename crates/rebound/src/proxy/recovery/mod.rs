@@ -21,7 +21,7 @@ mod replay;
 
 pub(super) use follower::Follower;
 pub(super) use listing::{forget_unprimed, prime_reopened_directory};
-use listing::{list_from_start, lock, unprimed_listing};
+use listing::{list_from_start, unprimed_listing};
 use replay::log_skipped;
 
 use std::io;
@@ -41,8 +41,8 @@ use tracker::{Inflight, PendingChange, ToDriver};
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::{
-    answer_in_drivers_place, answer_ok, answer_with, mark_recovery_phase, write_to_kernel, Link,
-    Shared, POISON_FAILURES,
+    answer_in_drivers_place, answer_ok, answer_with, lock, mark_recovery_phase, write_to_kernel,
+    Link, Shared, POISON_FAILURES,
 };
 
 /// What a recovery restored.
