@@ -389,6 +389,17 @@ impl ObjectTable {
         }
     }
 
+    /// [`ObjectTable::forget`], for a FORGET that would go to driver `generation`: nothing is
+    /// sent unless the table holds that driver's ids. A new driver is attached before its
+    /// restore begins its generation here; in between, the ids would be the failed driver's,
+    /// unknown to the new one, which has no lookup of the node to forget yet.
+    pub fn forget_sent_to(&mut self, node: u64, count: u64, generation: u64) -> DriverForget {
+        match self.forget(node, count) {
+            forget if generation == self.generation => forget,
+            _ => DriverForget::Nothing,
+        }
+    }
+
     /// A lock request on file handle `fh` succeeded (`request` in the kernel's ids). Only
     /// what still holds is kept: a flock replaces the handle's earlier flock, and an unlock
     /// of a whole file ends the owner's earlier POSIX locks.
@@ -1353,6 +1364,34 @@ mod tests {
         assert_eq!(t.node(file), None);
         // A lost node is forgotten by the kernel only.
         assert_eq!(t.forget(gone, 1), DriverForget::Nothing);
+        assert!(t.is_consistent());
+    }
+
+    #[test]
+    fn a_forget_is_not_sent_to_a_driver_whose_generation_has_not_begun() {
+        let mut t = ObjectTable::new();
+        let dir = looked_up(&mut t, 1, b"dir", 100);
+        looked_up(&mut t, 1, b"dir", 100);
+        let file = looked_up(&mut t, dir, b"file", 200);
+        // Driver 1 is attached; the table still holds driver 0's ids.
+        assert_eq!(t.forget_sent_to(dir, 1, 1), DriverForget::Nothing);
+        assert_eq!(
+            t.node(dir).map(|n| n.lookups),
+            Some(1),
+            "the kernel's count drops"
+        );
+        t.begin_generation(1);
+        assert!(t.restore_node(file, 300, 1));
+        assert_eq!(
+            t.forget_sent_to(file, 1, 1),
+            DriverForget::Send {
+                node: 300,
+                count: 1
+            }
+        );
+        // A forget read for driver 0 after driver 1 began is not sent to driver 0.
+        assert_eq!(t.forget_sent_to(dir, 1, 0), DriverForget::Nothing);
+        assert_eq!(t.node(dir), None);
         assert!(t.is_consistent());
     }
 }

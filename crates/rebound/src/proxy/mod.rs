@@ -1388,16 +1388,21 @@ fn is_ours(pid: u32) -> bool {
 
 /// FORGET and BATCH_FORGET: the kernel's counts drop at once; the driver hears what it must
 /// (see [`ObjectTable::forget`]), in its own ids, or nothing at all.
+/// Only to a driver whose ids the table holds ([`ObjectTable::forget_sent_to`]): a failed
+/// driver's id sent to its successor is unknown to it (libfuse's high-level API aborts on an
+/// unknown node; passthrough_ll would use a freed inode).
 fn forward_forgets(shared: &Shared, msg: &mut [u8]) {
     let link = shared.link();
-    let driver = link.current().map(|(driver, _)| driver.clone());
+    let (driver, generation) = link
+        .current()
+        .map_or((None, 0), |(driver, g)| (Some(driver.clone()), g));
     drop(link);
     let len = {
         let mut objects = shared.objects();
         match InHeader::read_from_prefix(msg) {
             Ok((header, _)) if header.opcode == Opcode::Forget as u32 => {
                 let count = read_u64(msg, size::IN_HEADER).unwrap_or(0);
-                match objects.forget(header.nodeid, count) {
+                match objects.forget_sent_to(header.nodeid, count, generation) {
                     DriverForget::Send { node, count } => {
                         write_u64(msg, NODEID_AT, node);
                         write_u64(msg, size::IN_HEADER, count);
@@ -1412,7 +1417,7 @@ fn forward_forgets(shared: &Shared, msg: &mut [u8]) {
                 let mut end = first;
                 for entry in entries {
                     if let DriverForget::Send { node, count } =
-                        objects.forget(entry.node, entry.nlookup)
+                        objects.forget_sent_to(entry.node, entry.nlookup, generation)
                     {
                         write_u64(msg, end, node);
                         write_u64(msg, end + 8, count);
