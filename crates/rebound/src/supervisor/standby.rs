@@ -17,8 +17,8 @@
 //! failure on the image itself; its standby runs on a *spare*, a clone of the last checkpoint
 //! shown to it at the image's path, and is brought forward at the hand-over by the redo log's
 //! changes since that checkpoint (kept for it), while the spare is renamed over the image.
-//! Once it has answered its INIT, the proxy gives it every acknowledged change about 10 ms
-//! later (`proxy::checkpoints::follow`), so that the hand-over replays only the last few.
+//! Once it has answered its INIT, the proxy gives it every acknowledged change a batch later
+//! (`proxy::checkpoints::follow`), so that the hand-over replays only the last few.
 //!
 //! Owns: whether a standby can be correct for a driver, the standby's calls until it waits
 //! for its INIT, which processes are its, its death before use and the pace of replacing it.
