@@ -292,8 +292,8 @@ struct Shared {
     /// A driver has made a change to its files (the store is writable): an EROFS is suspect.
     store_changed: AtomicBool,
     checkpoint_due: checkpoints::CheckpointDue,
-    /// The channel of a standby on a spare of the image, brought forward after each
-    /// checkpoint (see `checkpoints`).
+    /// The channel of a standby on a spare of the image, given the changes acknowledged
+    /// since its spare's checkpoint as they come (see `checkpoints::follow`).
     spare_standby: Mutex<Option<recovery::Follower>>,
     /// Set while a failure waits for `spare_standby`: the batch under way ends after the
     /// change it is replaying.
@@ -818,8 +818,7 @@ impl Proxy {
                 } else {
                     ProxyEvent::RecoveryFailed
                 };
-                *shared.restored.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some((generation, outcome));
+                *lock(&shared.restored) = Some((generation, outcome));
                 shared.report(event);
             })?;
         Ok(())
@@ -1388,6 +1387,7 @@ fn is_ours(pid: u32) -> bool {
 
 /// FORGET and BATCH_FORGET: the kernel's counts drop at once; the driver hears what it must
 /// (see [`ObjectTable::forget`]), in its own ids, or nothing at all.
+///
 /// Only to a driver whose ids the table holds ([`ObjectTable::forget_sent_to`]): a failed
 /// driver's id sent to its successor is unknown to it (libfuse's high-level API aborts on an
 /// unknown node; passthrough_ll would use a freed inode).
