@@ -49,7 +49,7 @@ impl Proxy {
     }
 
     /// At a failure: the standby on the spare is no longer brought forward (waiting for the
-    /// last time to end). Returns how many logged changes it lacks, if the redo log still
+    /// change under way, after which the follower's batch ends). Returns how many logged changes it lacks, if the redo log still
     /// holds them, and how many a driver on the image rolled back would lack.
     pub fn stop_following_spare(&self) -> Option<(usize, usize)> {
         self.shared.spare_wanted.store(true, Ordering::Relaxed);
