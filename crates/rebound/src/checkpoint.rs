@@ -47,7 +47,17 @@ struct State {
     rollbacks: u64,
     /// The number of the checkpoint a roll-back goes back to.
     current: u64,
+    /// Where the next compaction of the image starts (see [`ImageCheckpoint::take`]).
+    compact_at: u64,
 }
+
+/// A clone slower than this compacts a part of the image after it: the image's extents
+/// multiply under copy-on-write (each write after a clone gets blocks of its own), and a
+/// clone's cost follows them (300 checkpoints with 64 random 4 KiB writes between each: 25,933
+/// extents, a 0.9 s clone, on this machine's XFS).
+const COMPACT_AFTER: Duration = Duration::from_millis(8);
+/// How much of the image one compaction rewrites.
+const COMPACT_CHUNK: u64 = 8 << 20;
 
 impl ImageCheckpoint {
     /// Takes the first checkpoint (number 0), of the image as it is before any driver opened
@@ -202,7 +212,15 @@ impl ImageCheckpoint {
         covered();
         let previous = std::mem::replace(&mut state.current, number);
         self.remove_all_but(&[previous, number]);
-        Ok(Some(started.elapsed()))
+        let took = started.elapsed();
+        if took > COMPACT_AFTER {
+            // (The checkpoint stands whether or not this works.)
+            match compact(&self.image, state.compact_at, COMPACT_CHUNK) {
+                Ok(next) => state.compact_at = next,
+                Err(e) => tracing::warn!("compacting {}: {e}", self.image.display()),
+            }
+        }
+        Ok(Some(took))
     }
 
     /// Makes the spare, a new clone of the current checkpoint, and returns that checkpoint's
@@ -264,6 +282,24 @@ impl Drop for ImageCheckpoint {
         self.remove_all_but(&[]);
         self.remove_spare();
     }
+}
+
+/// Rewrites `len` bytes of `image` from `at` (from its start past its end) with what they hold,
+/// in one write, and waits for them to reach the disk: the range then lies in one extent, or
+/// a few, instead of one per write since the last clone. Returns where the next compaction
+/// starts. Only while no driver writes the image (the checkpoint's gate holds its requests):
+/// read, then written back, a write in between would be undone. The bytes are the same, so a
+/// rewrite cut short by a crash leaves the image as it was.
+fn compact(image: &Path, at: u64, len: u64) -> io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let file = OpenOptions::new().read(true).write(true).open(image)?;
+    let size = file.metadata()?.len();
+    let at = if at >= size { 0 } else { at };
+    let mut bytes = vec![0u8; len.min(size - at) as usize];
+    file.read_exact_at(&mut bytes, at)?;
+    file.write_all_at(&bytes, at)?;
+    file.sync_data()?;
+    Ok(at + bytes.len() as u64)
 }
 
 /// Makes `to` share `from`'s blocks, with `from`'s length.
@@ -343,6 +379,23 @@ mod tests {
         adopted.follow(0).unwrap();
         assert_eq!(std::fs::read(adopted.file(0)).unwrap(), b"then");
         drop(adopted);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn compaction_keeps_the_image_and_goes_round_it() {
+        let dir = tempdir_in("/tmp");
+        let image = dir.join("disk.img");
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&image, &bytes).unwrap();
+        assert_eq!(compact(&image, 0, 4096).unwrap(), 4096);
+        assert_eq!(
+            compact(&image, 8192, 4096).unwrap(),
+            10_000,
+            "cut at the end"
+        );
+        assert_eq!(compact(&image, 10_000, 4096).unwrap(), 4096, "round again");
+        assert_eq!(std::fs::read(&image).unwrap(), bytes);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
