@@ -195,6 +195,24 @@ def test_names_the_kernel_cached_are_removed_and_renamed_after_a_kill(mount, dri
 
 @pytest.mark.rebound
 @pytest.mark.recovery
+def test_a_fast_mode_driver_with_a_large_max_write_is_taken_over(mount):
+    """fuser's example tells the kernel a max_write of 16 MiB, which in fast mode reaches the
+    kernel as it is: after the driver's death the proxy reads the queue, and the kernel
+    refuses (EINVAL) a read into less than such a WRITE. The mount must serve on."""
+    data = os.urandom(100_000)
+    with mount("fuser", "rebound", config=CONFIG + toml(mode="fast")) as m:
+        (m.mnt / "f").write_bytes(data)
+        status = wait_serving(m)
+        assert status["data_path"] == "fast", status
+        assert chaos.signal_descendant(status["driver_pid"], status["rebound_pid"],
+                                       signal.SIGKILL)
+        status = wait_serving(m, chaos.recovered_from(status["driver_pid"], status["restarts"]))
+        assert status["data_path"] == "guarded", status
+        assert workloads.read_uncached(m.mnt / "f") == data
+
+
+@pytest.mark.rebound
+@pytest.mark.recovery
 @pytest.mark.parametrize("driver", WRITABLE)
 def test_a_refused_reply_and_a_hang_are_recovered(mount, driver):
     """A driver message corrupted in transit (`rebound inject --fault corrupt`: a header bit

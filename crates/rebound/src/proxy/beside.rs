@@ -206,6 +206,7 @@ fn observed_init(shared: &Shared, request: &[u8], reply: &mut [u8]) {
     match fuse_wire::fix_init_reply(reply, u32::MAX) {
         Ok(init) => {
             shared.minor.store(init.minor, Ordering::Relaxed);
+            shared.buffers.fit(init.max_write);
             tracing::info!(
                 "driver speaks FUSE 7.{} on the kernel's queue (fast mode), max_write {} bytes",
                 init.minor,

@@ -25,7 +25,7 @@ use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
@@ -394,26 +394,48 @@ impl LogBudget {
     }
 }
 
-/// Read buffers of `BUFFER_SIZE`, recycled so that large requests waiting for their reply
-/// do not cost an allocation each.
-#[derive(Default)]
+/// Read buffers for the kernel's requests, recycled so that large requests waiting for their
+/// reply do not cost an allocation each. `BUFFER_SIZE`, unless a first driver in fast mode
+/// told the kernel a larger `max_write` (see [`BufferPool::fit`]).
 struct BufferPool {
     free: Mutex<Vec<Vec<u8>>>,
+    size: AtomicUsize,
+}
+
+impl Default for BufferPool {
+    fn default() -> Self {
+        BufferPool {
+            free: Mutex::default(),
+            size: AtomicUsize::new(BUFFER_SIZE),
+        }
+    }
 }
 
 impl BufferPool {
     const KEEP: usize = 16;
 
     fn take(&self) -> Vec<u8> {
+        let size = self.size.load(Ordering::Relaxed);
         let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        free.unwrap_or_else(|| vec![0; BUFFER_SIZE])
+        free.filter(|buf| buf.len() == size)
+            .unwrap_or_else(|| vec![0; size])
     }
 
     fn give(&self, buf: Vec<u8>) {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if buf.len() == BUFFER_SIZE && free.len() < Self::KEEP {
+        if buf.len() == self.size.load(Ordering::Relaxed) && free.len() < Self::KEEP {
             free.push(buf);
         }
+    }
+
+    /// Makes every buffer taken from now on fit the kernel's `max_write`: the kernel refuses
+    /// (`EINVAL`) a read of `/dev/fuse` into less than a WRITE of `max_write` bytes with its
+    /// headers, whatever it has to send. A guarded driver's INIT reply is capped to
+    /// `MAX_WRITE`; a fast-mode driver's reaches the kernel as it is (fuser's examples say
+    /// 16 MiB), and the proxy reads the queue after its failure.
+    fn fit(&self, max_write: u32) {
+        let needed = (max_write as usize).saturating_add(64 * 1024);
+        self.size.fetch_max(needed, Ordering::Relaxed);
     }
 
     /// Keeps the request in `buf[..len]` for as long as it is in flight: a small one is
@@ -2077,7 +2099,24 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests {
-    use super::LogBudget;
+    use super::{BufferPool, LogBudget, BUFFER_SIZE};
+
+    #[test]
+    fn buffers_grow_to_a_larger_max_write_and_never_shrink() {
+        let pool = BufferPool::default();
+        let small = pool.take();
+        assert_eq!(small.len(), BUFFER_SIZE);
+        pool.give(small);
+        pool.fit(16 << 20);
+        let large = pool.take();
+        assert!(large.len() >= (16 << 20) + 80, "{}", large.len());
+        pool.fit(4096);
+        pool.give(large);
+        assert!(
+            pool.take().len() >= (16 << 20) + 80,
+            "a smaller max_write shrank them"
+        );
+    }
 
     #[test]
     fn log_budget_allows_a_fixed_number_per_second() {
