@@ -699,15 +699,19 @@ def test_a_driver_that_hangs_on_a_lookup_of_rebound_is_found(mount, driver):
         assert "probe" in (after["last_failure"] or ""), explain(m, after["last_failure"])
 
 
-@pytest.mark.parametrize("driver", DRIVERS)
-def test_a_hung_driver_is_found_by_the_liveness_probe(mount, driver):
+@pytest.mark.parametrize("driver,data_path", [(d, "guarded") for d in DRIVERS]
+                         + [("passthrough_ll", "fast")])
+def test_a_hung_driver_is_found_by_the_liveness_probe(mount, driver, data_path):
     """The driver is stopped while a request waits, with the request deadline set far out:
-    rebound's liveness probe (sent while requests wait) is what finds the hang, and the
-    request then succeeds from the new driver."""
-    config = toml(request_timeout_ms=600000, probe_timeout_ms=1000, restart_backoff_ms=0)
+    rebound's liveness probe (sent while requests wait: guarded, a request of its own to the
+    driver; fast, a statfs of the mount) is what finds the hang, and the request then
+    succeeds from the new driver."""
+    config = toml(request_timeout_ms=600000, probe_timeout_ms=1000, restart_backoff_ms=0,
+                  mode=data_path)
     with mount(driver, "rebound", config=config) as m:
         (m.mnt / "f").write_text("still here")
         status = wait_serving(m)
+        assert status["data_path"] == data_path, status
         hung = status["driver_pid"]
         recovered = kill_driver(m, status, signal.SIGSTOP)
         # A name the kernel has never seen, so the stat must reach the driver: made behind

@@ -9,7 +9,7 @@
 //! records into [`Event`]s. Must not: interpret requests (fuse-wire and the tracker do), or
 //! block: [`Observer::drain`] returns what is there.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, MapData, RingBuf};
 use aya::programs::BtfTracePoint;
@@ -64,6 +64,7 @@ pub struct Observer {
     ring: RingBuf<MapData>,
     ended: Array<MapData, u64>,
     connection: u32,
+    mountpoint: PathBuf,
 }
 
 impl Observer {
@@ -110,7 +111,13 @@ impl Observer {
             ring,
             ended,
             connection,
+            mountpoint: mountpoint.to_path_buf(),
         })
+    }
+
+    /// Where the observed connection was mounted when the observer attached.
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
     }
 
     /// How many of the connection's requests have ended since the attach, reported or not.

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,16 +46,52 @@ pub(super) struct Beside {
     control: std::path::PathBuf,
     /// When a request last ended, for the hang check.
     last_end: Mutex<Instant>,
+    /// Where the connection is mounted, for the liveness probe.
+    mountpoint: std::path::PathBuf,
+    /// The liveness probe out, if one is.
+    probe: Mutex<Option<Probe>>,
+}
+
+/// A liveness probe beside the path: a `statfs(2)` of the mount from a thread of rebound's,
+/// which only the driver can answer (the kernel keeps no file system statistics of a FUSE
+/// mount). A hung driver leaves the thread waiting until a successor answers it (resent).
+struct Probe {
+    sent: Instant,
+    answered: Arc<AtomicBool>,
+}
+
+impl Probe {
+    fn send(mountpoint: &std::path::Path) -> Option<Probe> {
+        let answered = Arc::new(AtomicBool::new(false));
+        let done = answered.clone();
+        let path = mountpoint.to_path_buf();
+        std::thread::Builder::new()
+            .name("liveness-probe".into())
+            .spawn(move || {
+                // Any answer, an error included, is the driver's (or the kernel's) and live.
+                let _ = rustix::fs::statfs(&path);
+                done.store(true, Ordering::Relaxed);
+            })
+            .inspect_err(|e| tracing::warn!("starting a liveness probe: {e}"))
+            .ok()?;
+        Some(Probe {
+            sent: Instant::now(),
+            answered,
+        })
+    }
 }
 
 impl Beside {
     pub(super) fn new(observer: Observer, device: OwnedFd) -> Beside {
         let connection = observer.connection();
+        let mountpoint = observer.mountpoint().to_path_buf();
         Beside {
             observer: Mutex::new(Some(observer)),
             devices: Mutex::new(vec![device]),
             control: format!("/sys/fs/fuse/connections/{connection}").into(),
             last_end: Mutex::new(Instant::now()),
+            mountpoint,
+            probe: Mutex::new(None),
         }
     }
 
@@ -252,10 +288,32 @@ pub(super) fn take_over(shared: &Arc<Shared>) -> std::io::Result<bool> {
     Ok(true)
 }
 
-/// While beside: whether the driver hangs (requests wait, and none has ended for `timeout`).
-pub(super) fn hang(beside: &Beside, timeout: Duration) -> Option<String> {
+/// While beside: whether the driver hangs, as [`super::Proxy::check_liveness`] says: requests
+/// wait and none has ended for `request_timeout`, or a liveness probe (sent once requests
+/// have waited a second with none ending) is unanswered after `probe_timeout`.
+pub(super) fn hang(
+    beside: &Beside,
+    request_timeout: Duration,
+    probe_timeout: Duration,
+) -> Option<String> {
+    let mut probe = lock(&beside.probe);
+    if probe
+        .as_ref()
+        .is_some_and(|p| p.answered.load(Ordering::Relaxed))
+    {
+        *probe = None;
+    }
+    if let Some(out) = probe.as_ref() {
+        let waited = out.sent.elapsed();
+        if waited >= probe_timeout {
+            return Some(format!(
+                "hang: liveness probe unanswered for {} ms",
+                waited.as_millis()
+            ));
+        }
+    }
     let quiet = lock(&beside.last_end).elapsed();
-    if quiet < timeout {
+    if quiet < Duration::from_secs(1).min(probe_timeout / 2) {
         return None;
     }
     let waiting: u64 = std::fs::read_to_string(beside.control.join("waiting"))
@@ -263,12 +321,19 @@ pub(super) fn hang(beside: &Beside, timeout: Duration) -> Option<String> {
         .trim()
         .parse()
         .ok()?;
-    (waiting > 0).then(|| {
-        format!(
+    if waiting == 0 {
+        return None;
+    }
+    if quiet >= request_timeout {
+        return Some(format!(
             "hang: {waiting} requests waiting and none answered for {} ms",
             quiet.as_millis()
-        )
-    })
+        ));
+    }
+    if probe.is_none() {
+        *probe = Probe::send(&beside.mountpoint);
+    }
+    None
 }
 
 #[cfg(test)]

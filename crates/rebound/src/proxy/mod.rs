@@ -942,7 +942,9 @@ impl Proxy {
         let shared = &self.shared;
         let driver = match &*shared.link() {
             Link::Serving { driver, .. } => driver.clone(),
-            Link::Beside => return beside::hang(shared.beside.as_ref()?, request_timeout),
+            Link::Beside => {
+                return beside::hang(shared.beside.as_ref()?, request_timeout, probe_timeout)
+            }
             _ => return None,
         };
         let now = Instant::now();

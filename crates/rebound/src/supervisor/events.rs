@@ -233,7 +233,7 @@ impl Run<'_> {
 
     /// Fast mode, once the failed driver is gone: the proxy serves the kernel's queue from now
     /// on, with the requests the driver had read put back in it.
-    fn take_over_queue(&mut self) {
+    pub(super) fn take_over_queue(&mut self) {
         if let Some(s) = &self.served {
             match s.proxy.take_over() {
                 Ok(true) => {

@@ -116,6 +116,10 @@ impl Run<'_> {
             }
             Phase::Recovering(Step::Reaping { deadline, .. }) if now >= *deadline => {
                 tracing::warn!("processes of the failed driver do not exit; restarting anyway");
+                // Fast mode: the successor is served through the proxy, which must hold the
+                // queue first (the driver's read requests are resent; it reads no more, with
+                // SIGKILL pending).
+                self.take_over_queue();
                 self.recovery_phase_done("reap");
                 self.next_restart();
             }
