@@ -290,7 +290,7 @@ pub(super) fn take_over(shared: &Arc<Shared>) -> std::io::Result<bool> {
 
 /// While beside: whether the driver hangs, as [`super::Proxy::check_liveness`] says: requests
 /// wait and none has ended for `request_timeout`, or a liveness probe (sent once requests
-/// have waited a second with none ending) is unanswered after `probe_timeout`.
+/// have waited [`super::probe_after`] with none ending) is unanswered after `probe_timeout`.
 pub(super) fn hang(
     beside: &Beside,
     request_timeout: Duration,
@@ -313,7 +313,7 @@ pub(super) fn hang(
         }
     }
     let quiet = lock(&beside.last_end).elapsed();
-    if quiet < Duration::from_secs(1).min(probe_timeout / 2) {
+    if quiet < super::probe_after(probe_timeout) {
         return None;
     }
     let waiting: u64 = std::fs::read_to_string(beside.control.join("waiting"))

@@ -50,8 +50,10 @@ pub use recovery::Restored;
 /// Largest WRITE payload rebound lets a driver negotiate (the kernel's own ceiling with the
 /// default `max_pages_limit` of 256 pages).
 pub const MAX_WRITE: u32 = 1 << 20;
+/// Room beyond a request's or reply's data for its headers and arguments.
+const HEADROOM: usize = 64 * 1024;
 /// Room for a request or reply of `MAX_WRITE` bytes of data plus headers and arguments.
-const BUFFER_SIZE: usize = MAX_WRITE as usize + 64 * 1024;
+const BUFFER_SIZE: usize = MAX_WRITE as usize + HEADROOM;
 /// Socket buffers must hold at least one message of `BUFFER_SIZE`; a few keep the driver's
 /// threads busy.
 const SOCKET_BUFFER: usize = 4 * BUFFER_SIZE;
@@ -394,6 +396,12 @@ impl LogBudget {
     }
 }
 
+/// How long requests wait (with none answered) before a liveness probe is sent: guarded, a
+/// request of rebound's own to the driver; beside the path, a `statfs(2)` of the mount.
+fn probe_after(probe_timeout: Duration) -> Duration {
+    Duration::from_secs(1).min(probe_timeout / 2)
+}
+
 /// Read buffers for the kernel's requests, recycled so that large requests waiting for their
 /// reply do not cost an allocation each. `BUFFER_SIZE`, unless a first driver in fast mode
 /// told the kernel a larger `max_write` (see [`BufferPool::fit`]).
@@ -434,7 +442,7 @@ impl BufferPool {
     /// `MAX_WRITE`; a fast-mode driver's reaches the kernel as it is (fuser's examples say
     /// 16 MiB), and the proxy reads the queue after its failure.
     fn fit(&self, max_write: u32) {
-        let needed = (max_write as usize).saturating_add(64 * 1024);
+        let needed = (max_write as usize).saturating_add(HEADROOM);
         self.size.fetch_max(needed, Ordering::Relaxed);
     }
 
@@ -965,7 +973,7 @@ impl Proxy {
                 waited.as_millis()
             ));
         }
-        if waited >= Duration::from_secs(1).min(probe_timeout / 2) {
+        if waited >= probe_after(probe_timeout) {
             shared.calls.probe(&driver, |unique| {
                 fuse_wire::ids::getattr_request(unique, ROOT_ID)
             });
