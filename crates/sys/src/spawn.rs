@@ -31,8 +31,12 @@ pub fn spawn_intercepted(
     denied: &[u32],
     splice: bool,
 ) -> io::Result<(Child, OwnedFd)> {
-    let ours = prepare(command, sandbox, (denied, splice), None)?;
-    let child = command.spawn()?;
+    let (ours, theirs) = prepare(command, sandbox, (denied, splice), None)?;
+    let child = command.spawn();
+    // Closed as soon as the child has exec'd or died: a child that dies before it sends its
+    // listener then reads as end of file below instead of a wait that never ends.
+    drop(theirs);
+    let child = child?;
     let (_, listener) = receive_fd(ours.as_fd())?;
     Ok((child, listener))
 }
@@ -59,12 +63,13 @@ pub fn spawn_gated(
 ) -> io::Result<Gated> {
     let (gate_rx, gate) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
     let gate_fds = (gate_rx.as_raw_fd(), gate.as_raw_fd());
-    let ours = prepare(&mut command, sandbox, (denied, true), Some(gate_fds))?;
+    let (ours, theirs) = prepare(&mut command, sandbox, (denied, true), Some(gate_fds))?;
     let thread = std::thread::Builder::new()
         .name("driver-exec".into())
         .spawn(move || {
             let spawned = command.spawn();
             drop(gate_rx);
+            drop(theirs);
             then(spawned);
         })?;
     let (pid, listener) = receive_fd(ours.as_fd())?;
@@ -77,14 +82,15 @@ pub fn spawn_gated(
 }
 
 /// Sets up the child's side of a spawn: its session, sandbox and filter, the listener sent
-/// back on the socket returned, and with `gate` (a pipe's read and write ends), the wait for a
-/// byte on it.
+/// back on the first socket returned, and with `gate` (a pipe's read and write ends), the wait
+/// for a byte on it. The second socket is the child's end: the caller closes it once `spawn`
+/// returned, so that a child dying before it sends reads as end of file on the first.
 fn prepare(
     command: &mut Command,
     sandbox: &Sandbox,
     (denied, splice): (&[u32], bool),
     gate: Option<(RawFd, RawFd)>,
-) -> io::Result<OwnedFd> {
+) -> io::Result<(OwnedFd, OwnedFd)> {
     // Both are prepared here: the child allocates nothing.
     let mut filter = seccomp::Filter::new(denied, splice)?;
     let sandbox = sandbox.clone();
@@ -94,13 +100,14 @@ fn prepare(
         SocketFlags::CLOEXEC,
         None,
     )?;
-    // The child's copy stays open until exec (CLOEXEC); the parent's is owned by the closure
-    // and closes when the command is dropped.
+    // The child's copy stays open until exec (CLOEXEC). The closure keeps only the number: the
+    // parent's copy is returned, to be closed once `spawn` returned.
+    let theirs_fd = theirs.as_raw_fd();
     // SAFETY: the closure runs in the forked child before exec and only makes system calls
     // (those of the sandbox, seccomp, getpid, sendmsg and read on stack buffers, close); it
     // allocates nothing and takes no locks, so it is async-signal-safe. The child has a single
     // thread, as `unshare` needs. `gate` stays open in the child: it is closed by CLOEXEC at
-    // exec, and in the parent only after `spawn` returned.
+    // exec, and in the parent only after `spawn` returned; so does `theirs_fd`.
     unsafe {
         command.pre_exec(move || {
             // A session of its own: kill(0) reaches only the driver's processes, and it
@@ -113,7 +120,8 @@ fn prepare(
             // it would report the sandbox's own mounts.
             sandbox.apply()?;
             let listener = filter.install()?;
-            send_fd(theirs.as_fd(), listener.as_fd())?;
+            // SAFETY: `theirs_fd` is open in the child until exec (see above).
+            send_fd(BorrowedFd::borrow_raw(theirs_fd), listener.as_fd())?;
             drop(listener);
             if let Some((gate, writer)) = gate {
                 // Its copy of the write end would keep the gate from ever reading closed.
@@ -130,7 +138,7 @@ fn prepare(
             Ok(())
         });
     }
-    Ok(ours)
+    Ok((ours, theirs))
 }
 
 /// Sends `fd` with this process's pid (the child's, which rebound needs before `exec`).
@@ -204,4 +212,34 @@ pub fn outside_mount(command: &mut Command, mountpoint: &std::path::Path) -> io:
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn a_child_killed_before_it_sends_its_listener_is_an_error_not_a_wait() {
+        let (done, outcome) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut command = Command::new("/bin/true");
+            // Runs before the hook of `prepare`: the child dies before it sends anything, as a
+            // driver killed between fork and exec does.
+            // SAFETY: raise is async-signal-safe; the child allocates nothing.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::raise(libc::SIGKILL);
+                    Ok(())
+                });
+            }
+            let spawned = spawn_intercepted(&mut command, &Sandbox::default(), &[], false);
+            let _ = done.send(spawned.map(|(mut child, _)| child.wait()).is_err());
+        });
+        let is_error = outcome
+            .recv_timeout(Duration::from_secs(20))
+            .expect("spawn_intercepted still waits for a listener from a dead child");
+        assert!(is_error);
+    }
 }
