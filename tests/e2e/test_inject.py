@@ -85,3 +85,14 @@ def test_one_trial_of_each_type_is_classified(rebound_bin, fault):
         assert reb["outcome"] not in ("mount_lost", "hung"), reb
         if reb["outcome"] in campaign.FAILURES:
             assert direct["outcome"] in campaign.FAILURES, (direct, reb)
+
+
+def test_a_corrupt_trial_is_not_applicable_in_fast_mode(rebound_bin, monkeypatch):
+    """Beside the path the driver's replies reach the kernel without crossing rebound: rebound
+    refuses to corrupt them (naming guarded mode), and the campaign counts the trial as
+    not applicable rather than as a fault that was not injected."""
+    monkeypatch.setattr(campaign, "REBOUND_MODE", "fast")
+    seed = campaign.trial_seed(1, DRIVER, "corrupt", 0)
+    row = campaign.run_mode(DRIVER, "rebound", "corrupt", seed, 5, None)
+    assert row["outcome"] == "not_applicable", row
+    assert "guarded" in row["inject_error"], row

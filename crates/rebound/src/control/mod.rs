@@ -445,6 +445,11 @@ fn corrupt(board: &StatusBoard, cmd: &str) -> serde_json::Value {
         return serde_json::json!({ "error": "usage: corrupt N SEED" });
     };
     match &*board.counters.lock().unwrap_or_else(|e| e.into_inner()) {
+        // Beside the path the driver's replies go to the kernel without crossing rebound.
+        Some(c) if c.stats.beside.load(Relaxed) => serde_json::json!({
+            "error": "the driver's replies do not cross rebound in fast mode; corrupting them \
+                      in transit needs mode = \"guarded\""
+        }),
         Some(c) => {
             c.stats.corrupt_seed.store(seed, Relaxed);
             c.stats.corrupt_next.store(n, Relaxed);
@@ -484,6 +489,13 @@ mod tests {
         assert_eq!(corrupt(&board, "corrupt 3 7")["ok"], true);
         assert_eq!(stats.corrupt_next.load(Relaxed), 3);
         assert_eq!(stats.corrupt_seed.load(Relaxed), 7);
+        stats.beside.store(true, Relaxed);
+        let refused = corrupt(&board, "corrupt 5 7");
+        assert!(
+            refused["error"].as_str().unwrap().contains("guarded"),
+            "{refused}"
+        );
+        assert_eq!(stats.corrupt_next.load(Relaxed), 3);
     }
 
     fn serving_board(mountpoint: &str) -> Arc<StatusBoard> {
