@@ -208,12 +208,14 @@ def driver_daemons(r):
     return daemons
 
 
-def test_a_killed_driver_is_restarted_and_the_mount_serves_on(running, workdir):
+@pytest.mark.parametrize("data_path", ["guarded", "fast"])
+def test_a_killed_driver_is_restarted_and_the_mount_serves_on(running, workdir, data_path):
     src = workdir / "src"
     src.mkdir()
     (src / "f").write_text("x")
     ll = str(mounts.fixture_bin("passthrough_ll"))
-    r = running(lambda mnt: [ll, "-o", f"source={src}", str(mnt)])
+    r = running(lambda mnt: [ll, "-o", f"source={src}", str(mnt)],
+                config=f'mode = "{data_path}"\n')
     with open(r.mnt / "f") as held:
         killed = driver_daemons(r)
         for pid in killed:
@@ -236,13 +238,16 @@ def test_a_killed_driver_is_restarted_and_the_mount_serves_on(running, workdir):
     assert "driver" in status()["last_failure"], status()
 
 
-def test_with_no_restarts_allowed_a_killed_driver_leaves_nothing_behind(running, workdir):
+@pytest.mark.parametrize("data_path", ["guarded", "fast"])
+def test_with_no_restarts_allowed_a_killed_driver_leaves_nothing_behind(running, workdir,
+                                                                        data_path):
     src = workdir / "src"
     src.mkdir()
     (src / "f").write_text("x")
     ll = str(mounts.fixture_bin("passthrough_ll"))
     r = running(lambda mnt: [ll, "-o", f"source={src}", str(mnt)],
-                config='restart_budget = 0\non_budget_exhausted = "unmount"\n')
+                config=f'restart_budget = 0\non_budget_exhausted = "unmount"\n'
+                       f'mode = "{data_path}"\n')
     assert (r.mnt / "f").read_text() == "x"
     for pid in driver_daemons(r):
         os.kill(pid, signal.SIGKILL)
@@ -258,12 +263,12 @@ def rebound_status():
     return json.loads(out.stdout)
 
 
-def driver_waiting_on_its_own_mount(running):
+def driver_waiting_on_its_own_mount(running, data_path):
     """A rogue driver, started unconfined so that it sees its mount (the sandbox only shows a
     driver the mounts its helper made, like go-fuse's fusermount3), that holds "good" on its
     own mount open and waits on a lookup of its own; and the pid of that process."""
     r = running(lambda mnt: [sys.executable, str(rogue()), "--wait-on-own-mount", str(mnt)],
-                config='[sandbox]\nprofile = "off"\n')
+                config=f'mode = "{data_path}"\n[sandbox]\nprofile = "off"\n')
     good = str(r.mnt / "good")
 
     def waiting(pid):
@@ -297,8 +302,9 @@ def driver_waiting_on_its_own_mount(running):
 # as it closes the files the process held open there) waits for an answer no dying driver will
 # give. rebound must give it, or the driver never finishes dying.
 
-def test_a_driver_dying_while_it_waits_on_its_own_mount_lets_rebound_stop(running):
-    r, _ = driver_waiting_on_its_own_mount(running)
+@pytest.mark.parametrize("data_path", ["guarded", "fast"])
+def test_a_driver_dying_while_it_waits_on_its_own_mount_lets_rebound_stop(running, data_path):
+    r, _ = driver_waiting_on_its_own_mount(running, data_path)
     r.proc.send_signal(signal.SIGTERM)  # the driver dies of the SIGTERM rebound passes on
     try:
         code = r.proc.wait(timeout=10)  # rebound's own stop_timeout_ms is 60 s
@@ -308,8 +314,9 @@ def test_a_driver_dying_while_it_waits_on_its_own_mount_lets_rebound_stop(runnin
     assert not mounts.is_mounted(r.mnt)
 
 
-def test_a_driver_killed_while_it_waits_on_its_own_mount_is_restarted(running):
-    r, pid = driver_waiting_on_its_own_mount(running)
+@pytest.mark.parametrize("data_path", ["guarded", "fast"])
+def test_a_driver_killed_while_it_waits_on_its_own_mount_is_restarted(running, data_path):
+    r, pid = driver_waiting_on_its_own_mount(running, data_path)
     os.kill(pid, signal.SIGKILL)
 
     def restarted():

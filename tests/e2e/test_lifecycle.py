@@ -8,6 +8,7 @@ large-I/O and multi-threaded tests (run in both modes, so a failure can be pinne
 
 import concurrent.futures
 import hashlib
+import json
 import os
 import random
 import signal
@@ -133,8 +134,11 @@ def lines(text):
 @pytest.mark.rebound
 @pytest.mark.parametrize("case", ["fuse2fs-missing-image", "passthrough_ll-missing-mountpoint",
                                   "gofuse-missing-source", "sshfs-connection-refused"])
-def test_driver_failing_before_mount(rebound_bin, workdir, case):
+@pytest.mark.parametrize("data_path", ["guarded", "fast"])
+def test_driver_failing_before_mount(rebound_bin, workdir, case, data_path):
     argv, mnt = failing_driver(case, workdir)
+    config = workdir / "rebound.toml"
+    config.write_text(f'mode = "{data_path}"\n')
     # The driver on its own, to learn what it says and how it exits.
     direct = subprocess.run(argv, capture_output=True, text=True, timeout=60,
                             stdin=subprocess.DEVNULL)
@@ -142,7 +146,8 @@ def test_driver_failing_before_mount(rebound_bin, workdir, case):
     assert lines(direct.stdout + direct.stderr), f"{case}: the driver said nothing"
     assert not is_mounted(mnt)
 
-    rc, out, err, _ = mounts.run_rebound(["run", "--"] + argv, timeout=60)
+    rc, out, err, _ = mounts.run_rebound(["run", "--config", str(config), "--"] + argv,
+                                         timeout=60)
     assert rc != 0, f"rebound exited 0 for a failing driver:\n{err}"
     assert rc == direct.returncode, \
         f"rebound exited {rc}, the driver on its own {direct.returncode}:\n{err}"
@@ -154,6 +159,35 @@ def test_driver_failing_before_mount(rebound_bin, workdir, case):
                 f"driver's {stream} line {line!r} missing from rebound's {stream}:\n{through}"
     assert not is_mounted(mnt), f"{mnt} left mounted"
     assert not mounts.procs_mentioning(workdir), mounts.procs_mentioning(workdir)
+
+
+@pytest.mark.rebound
+@pytest.mark.parametrize("data_path", ["guarded", "fast"])
+def test_the_status_names_a_mount_from_the_moment_it_is_mounted(rebound_bin, workdir,
+                                                                 data_path):
+    """A script waits for the mount and then asks rebound about it: from the moment the mount
+    is in the mount table, `rebound status` names it (in fast mode the driver serves the
+    kernel from the moment its mount(2) returns, before rebound's proxy is up)."""
+    src, mnt = workdir / "src", workdir / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    config = workdir / "rebound.toml"
+    config.write_text(f'mode = "{data_path}"\n')
+    proc = subprocess.Popen([str(rebound_bin), "run", "--config", str(config), "--",
+                             str(mounts.fixture_bin("passthrough_ll")), "-o", f"source={src}",
+                             str(mnt)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert wait_for(lambda: mounts.is_fuse_mounted(mnt), mounts.MOUNT_TIMEOUT,
+                        interval=0.001), "no mount"
+        out = subprocess.run([str(rebound_bin), "status", "--json"], capture_output=True,
+                             text=True, timeout=10, check=True)
+        named = [s["mountpoint"] for s in json.loads(out.stdout)]
+        assert str(mnt) in named, named
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=STOP_TIMEOUT)
+    assert proc.returncode == 0
 
 
 @pytest.mark.rebound

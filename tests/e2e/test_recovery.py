@@ -328,11 +328,13 @@ def test_forced_restart_keeps_an_open_file(mount, driver):
         assert workloads.read_uncached(path) == b"written after the restart" + data[25:]
 
 
-def test_a_forced_restart_lets_fuse2fs_flush_its_image_first(mount):
+@pytest.mark.parametrize("data_path", ["guarded", "fast"])
+def test_a_forced_restart_lets_fuse2fs_flush_its_image_first(mount, data_path):
     """`rebound restart` of a working fuse2fs with neither a redo log nor a pre_restart
-    check: its channel closes and it gets restart_grace_ms to exit by itself (libfuse then
-    flushes the image's metadata), so the image stays consistent (the mount's stop runs
-    `e2fsck -fn`) and the new driver, which allocates more, has every file and directory."""
+    check: its loop is ended (guarded, its channel closes; fast, one SIGTERM) and it gets
+    restart_grace_ms to exit by itself (libfuse then flushes the image's metadata), so the
+    image stays consistent (the mount's stop runs `e2fsck -fn`) and the new driver, which
+    allocates more, has every file and directory."""
     files = {}
 
     def write(first, count):
@@ -342,7 +344,7 @@ def test_a_forced_restart_lets_fuse2fs_flush_its_image_first(mount):
             (m.mnt / rel).parent.mkdir(exist_ok=True)
             (m.mnt / rel).write_bytes(files[rel])
 
-    with mount("fuse2fs", "rebound", config=toml(restart_backoff_ms=0)) as m:
+    with mount("fuse2fs", "rebound", config=toml(restart_backoff_ms=0, mode=data_path)) as m:
         write(0, 200)
         # Changes with no file opened after them (fuse2fs flushes its bitmaps at a close).
         for i in range(50):

@@ -112,10 +112,12 @@ struct {
     __uint(max_entries, 4 << 20);
 } events SEC(".maps");
 
-// The connection's requests that ended, copied or not.
+// The connection's requests that ended, copied or not: in all (slot 0), and by opcode (slot
+// 1 + opcode; opcodes from 63 up share the last).
+#define OPCODE_SLOTS 64
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
-    __uint(max_entries, 1);
+    __uint(max_entries, 1 + OPCODE_SLOTS);
     __u32 *key;
     __u64 *value;
 } ended SEC(".maps");
@@ -203,6 +205,10 @@ int request_end(__u64 *ctx)
     __u32 opcode = 0;
     __u64 nodeid = 0;
     READ(opcode, req->in.h.opcode);
+    __u32 slot = 1 + (opcode < OPCODE_SLOTS - 1 ? opcode : OPCODE_SLOTS - 1);
+    __u64 *by_opcode = bpf_map_lookup_elem(&ended, &slot);
+    if (by_opcode)
+        __sync_fetch_and_add(by_opcode, 1);
     READ(nodeid, req->in.h.nodeid);
     int wanted = opcode >= 64 || (WANTED >> opcode) & 1 ||
                  (opcode == FUSE_GETATTR && nodeid == ROOT_ID);

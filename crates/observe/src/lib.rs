@@ -57,6 +57,9 @@ pub enum Event {
     Forget { node: u64, count: u64, reader: u32 },
 }
 
+/// How many opcodes [`Observer::ended_by_opcode`] counts apart (as the BPF program does).
+pub const OPCODE_SLOTS: usize = 64;
+
 /// The observer of one connection, attached until dropped.
 pub struct Observer {
     /// Holds the programs attached.
@@ -123,6 +126,12 @@ impl Observer {
     /// How many of the connection's requests have ended since the attach, reported or not.
     pub fn ended(&self) -> u64 {
         self.ended.get(&0, 0).unwrap_or(0)
+    }
+
+    /// The same, by opcode: slot N counts opcode N (opcodes from `OPCODE_SLOTS - 1` up share
+    /// the last). One map read per slot: for a periodic look, not for every batch.
+    pub fn ended_by_opcode(&self) -> [u64; OPCODE_SLOTS] {
+        std::array::from_fn(|slot| self.ended.get(&(1 + slot as u32), 0).unwrap_or(0))
     }
 
     /// The connection observed, as the kernel numbers it (`fc->dev`; its directory in

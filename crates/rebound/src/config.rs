@@ -23,7 +23,7 @@ pub struct Config {
     /// Where requests go while the driver is healthy: `guarded` through rebound, which checks
     /// every reply before the kernel sees it; `fast` straight from the kernel's queue to the
     /// driver, with rebound beside the path keeping its tracker by observation (BPF) until the
-    /// driver fails, and guarded from then on.
+    /// driver fails, and guarded from then on; `auto`, fast unless `redo_log` is on.
     pub mode: Mode,
     /// How long the driver may take from start to `mount(2)` before rebound gives up on it
     /// (it may be a command that is not a FUSE driver at all).
@@ -168,6 +168,8 @@ pub enum Mode {
     #[default]
     Guarded,
     Fast,
+    /// Fast unless the redo log is kept (it must see every change before the kernel does).
+    Auto,
 }
 
 /// When a standby successor is kept ready.
@@ -428,6 +430,15 @@ impl Config {
         Duration::from_millis(self.mount_timeout_ms)
     }
 
+    /// Whether the first driver serves the kernel's queue itself (see [`Config::mode`]).
+    pub fn fast(&self) -> bool {
+        match self.mode {
+            Mode::Fast => true,
+            Mode::Auto => !self.redo_log,
+            Mode::Guarded => false,
+        }
+    }
+
     pub fn restart_grace(&self) -> Duration {
         Duration::from_millis(self.restart_grace_ms)
     }
@@ -593,6 +604,11 @@ mod tests {
     fn the_mode_is_read_and_fast_refuses_a_redo_log() {
         assert_eq!(Config::parse("").unwrap().mode, Mode::Guarded);
         assert_eq!(Config::parse("mode = \"fast\"").unwrap().mode, Mode::Fast);
+        assert!(Config::parse("mode = \"auto\"").unwrap().fast());
+        assert!(!Config::parse("mode = \"auto\"\nredo_log = true")
+            .unwrap()
+            .fast());
+        assert!(!Config::parse("").unwrap().fast());
         let err = Config::parse("mode = \"fast\"\nredo_log = true").unwrap_err();
         assert!(err.starts_with("mode:"), "{err}");
         let err = Config::parse("mode = \"quick\"").unwrap_err();

@@ -76,8 +76,9 @@ impl Histogram {
     }
 }
 
-/// Opcodes below this have series of their own; the rare others (CUSE) share the last.
-const OPCODE_SLOTS: usize = 64;
+/// Opcodes below this have series of their own; the rare others (CUSE) share the last. The
+/// observer of fast mode counts the same way.
+const OPCODE_SLOTS: usize = rebound_observe::OPCODE_SLOTS;
 
 /// Requests forwarded to the driver and the latency of its replies, by opcode.
 #[derive(Debug)]
@@ -108,6 +109,14 @@ impl RequestMetrics {
     /// The driver answered a request of `opcode` sent at `sent`.
     pub fn reply(&self, opcode: u32, sent: Instant) {
         self.latency[slot(opcode)].observe(sent.elapsed());
+    }
+
+    /// Fast mode: the requests that ended while the driver served the kernel's queue, as the
+    /// observer counted them by opcode (no latency: rebound does not see them sent).
+    pub fn observed(&self, ended: &[u64; OPCODE_SLOTS]) {
+        for (count, &ended) in self.requests.iter().zip(ended) {
+            count.store(ended, Relaxed);
+        }
     }
 }
 

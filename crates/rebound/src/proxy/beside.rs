@@ -50,7 +50,12 @@ pub(super) struct Beside {
     mountpoint: std::path::PathBuf,
     /// The liveness probe out, if one is.
     probe: Mutex<Option<Probe>>,
+    /// When the counts by opcode were last read (see [`COUNT_EVERY`]).
+    counted: Mutex<Instant>,
 }
+
+/// How often the observer's counts by opcode go to the metrics: a map read per opcode.
+const COUNT_EVERY: Duration = Duration::from_secs(1);
 
 /// A liveness probe beside the path: a `statfs(2)` of the mount from a thread of rebound's,
 /// which only the driver can answer (the kernel keeps no file system statistics of a FUSE
@@ -92,6 +97,7 @@ impl Beside {
             last_end: Mutex::new(Instant::now()),
             mountpoint,
             probe: Mutex::new(None),
+            counted: Mutex::new(Instant::now()),
         }
     }
 
@@ -112,6 +118,20 @@ impl Beside {
     /// Whether the driver still serves the kernel's queue (the proxy has not taken over).
     pub(super) fn active(&self) -> bool {
         lock(&self.observer).is_some()
+    }
+
+    /// How many requests of the connection wait for an answer (fusectl's `waiting`).
+    fn waiting(&self) -> Option<u64> {
+        std::fs::read_to_string(self.control.join("waiting"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Whether requests wait and none has ended for `quiet`.
+    pub(super) fn stalled(&self, quiet: Duration) -> bool {
+        lock(&self.last_end).elapsed() >= quiet && self.waiting().is_some_and(|n| n > 0)
     }
 }
 
@@ -141,6 +161,12 @@ pub(super) fn spawn_observation(shared: &Arc<Shared>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Feeds what the observer holds to the tracker now, rather than at the next batch (nothing
+/// to do once the proxy has taken over, or if it never stood beside).
+pub(super) fn drain_now(shared: &Shared) {
+    drain(shared, &mut ForgetReaders::default());
+}
+
 /// Feeds what the observer holds to the tracker. Returns false once the proxy has taken over.
 fn drain(shared: &Shared, readers: &mut ForgetReaders) -> bool {
     let Some(beside) = &shared.beside else {
@@ -159,6 +185,12 @@ fn drain(shared: &Shared, readers: &mut ForgetReaders) -> bool {
         *lock(&beside.last_end) = Instant::now();
         shared.stats.replies.store(ended, Ordering::Relaxed);
     }
+    let mut counted = lock(&beside.counted);
+    if counted.elapsed() >= COUNT_EVERY {
+        *counted = Instant::now();
+        shared.stats.by_opcode.observed(&observer.ended_by_opcode());
+    }
+    drop(counted);
     for event in events {
         match event {
             Event::Request {
@@ -261,12 +293,13 @@ pub(super) fn take_over(shared: &Arc<Shared>) -> std::io::Result<bool> {
         return Ok(false);
     };
     {
-        let mut readers = ForgetReaders::default();
         // The last batch: every request the kernel ended is in the ring by now.
-        drain(shared, &mut readers);
-        if lock(&beside.observer).take().is_none() {
+        drain_now(shared);
+        let Some(observer) = lock(&beside.observer).take() else {
             return Ok(false);
-        }
+        };
+        // The proxy counts on from the observer's last counts.
+        shared.stats.by_opcode.observed(&observer.ended_by_opcode());
     }
     {
         let mut link = shared.link.write().unwrap_or_else(|e| e.into_inner());
@@ -316,14 +349,7 @@ pub(super) fn hang(
     if quiet < super::probe_after(probe_timeout) {
         return None;
     }
-    let waiting: u64 = std::fs::read_to_string(beside.control.join("waiting"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    if waiting == 0 {
-        return None;
-    }
+    let waiting = beside.waiting().filter(|&n| n > 0)?;
     if quiet >= request_timeout {
         return Some(format!(
             "hang: {waiting} requests waiting and none answered for {} ms",

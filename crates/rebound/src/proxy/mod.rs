@@ -572,6 +572,15 @@ impl Proxy {
             .is_some_and(beside::Beside::active)
     }
 
+    /// Fast mode, while the driver serves the kernel's queue: whether requests wait and none
+    /// has ended for `quiet` (false once the proxy has taken over).
+    pub fn beside_stalled(&self, quiet: Duration) -> bool {
+        self.shared
+            .beside
+            .as_ref()
+            .is_some_and(|b| b.active() && b.stalled(quiet))
+    }
+
     /// Fast mode, once the failed driver's processes are all gone: the proxy takes the
     /// kernel's queue over, with the requests the driver had read back in it. Nothing to do
     /// (false) if it already serves the queue.
@@ -601,6 +610,8 @@ impl Proxy {
     /// Whether the kernel's INIT has been answered (by this proxy or, for a successor, its
     /// predecessor's).
     pub fn initialized(&self) -> bool {
+        // Beside the path, an INIT answered may still wait in the observer's ring.
+        beside::drain_now(&self.shared);
         self.shared.minor() > 0
     }
 

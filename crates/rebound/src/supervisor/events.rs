@@ -154,6 +154,7 @@ impl Run<'_> {
                 if matches!(self.phase, Phase::Serving) {
                     self.announce(Announcement::Ready);
                 }
+                self.init_standby();
             }
             ProxyEvent::RecoveryMeasured => {
                 for timing in s.proxy.take_recovery_timings() {
@@ -251,6 +252,39 @@ impl Run<'_> {
         }
     }
 
+    /// Fast mode: a driver process that waits on its own mount cannot finish dying until its
+    /// request is answered, and once the driver read it, only the driver (or rebound) can
+    /// answer it. So once every driver process is dying and requests wait with none ending
+    /// (for a second while it serves, which a working driver never lets happen; sooner while
+    /// it is stopped or reaped), the proxy takes the queue over: the request is resent to
+    /// it, and answered with the dying threads' others (see `answer_for_dying_driver_threads`).
+    pub(super) fn take_over_from_dying_driver(&mut self) {
+        let Some(s) = self.served.as_ref().filter(|s| s.proxy.is_beside()) else {
+            return;
+        };
+        let quiet = match self.phase {
+            Phase::Serving => Duration::from_secs(1),
+            Phase::Stopping { .. } | Phase::Recovering(Step::Reaping { .. }) => {
+                Duration::from_millis(200)
+            }
+            _ => return,
+        };
+        if !s.proxy.beside_stalled(quiet) || !process::all_dying(&self.standby_processes()) {
+            return;
+        }
+        tracing::warn!(
+            "the driver's processes are all dying, and requests it read wait: the proxy takes \
+             the queue over to answer them"
+        );
+        if matches!(self.phase, Phase::Serving) {
+            self.driver_failed(
+                "driver process dying, held by a request it read",
+                Cause::Crash,
+            );
+        }
+        self.take_over_queue();
+    }
+
     /// Fast mode, after a process ended: no channel closes when a driver dies beside the path,
     /// so its death is seen here, as no process of it holding the connection any more; an
     /// unmount is seen as the connection's end.
@@ -265,11 +299,19 @@ impl Run<'_> {
             return self.on_proxy_event(ProxyEvent::KernelGone);
         }
         if self.channel_holder(0).is_none() {
+            if !s.proxy.initialized() {
+                // It left before it answered INIT (sshfs that cannot reach its server): as in
+                // guarded mode, its exit status ends the run; no restart would do better.
+                tracing::info!("the driver left before it answered the kernel's INIT");
+                self.phase = self.stopping(false, 0);
+                return;
+            }
+            // Worded as in guarded mode, where the same death is seen as the processes gone.
             let how = self
                 .driver_exit
-                .map_or_else(String::new, |e| format!(" ({e})"));
+                .map_or_else(String::new, |e| format!("{e}; "));
             self.driver_failed(
-                &format!("no driver process holds the connection any more{how}"),
+                &format!("driver process gone ({how}none holds the connection any more)"),
                 Cause::Crash,
             );
         }

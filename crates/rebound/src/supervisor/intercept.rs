@@ -68,6 +68,29 @@ pub struct Mount {
     pub caller: u32,
     /// The caller is a mount helper (`fusermount3`), not the driver itself.
     pub by_helper: bool,
+    /// The caller's `mount(2)`, answered once rebound serves the mount.
+    pub answer: PendingMount,
+}
+
+/// A first mount's `mount(2)`, left unanswered until the mount is served: a fast-mode driver
+/// serves the kernel from the moment its call returns, and the status must name the mount
+/// by then.
+pub struct PendingMount {
+    id: u64,
+}
+
+impl PendingMount {
+    /// Answers the caller: success, or `errno`.
+    pub fn answer(self, listener: BorrowedFd<'_>, outcome: Result<(), Errno>) {
+        let answered = match outcome {
+            Ok(()) => seccomp::respond(listener, self.id, 0, 0),
+            Err(errno) => seccomp::respond(listener, self.id, -1, errno.raw_os_error()),
+        };
+        if let Err(e) = answered {
+            // The caller died meanwhile: nothing waits for the answer.
+            tracing::debug!("answering the driver's mount(2): {e}");
+        }
+    }
 }
 
 /// Arguments of `mount(2)` as read from the caller.
@@ -222,10 +245,8 @@ fn handle_mount(
         return Ok(Intercepted::Other);
     }
     match mount_for_driver(listener, notif, &call, fast) {
-        Ok(mount) => {
-            seccomp::respond(listener, notif.id, 0, 0)?;
-            Ok(Intercepted::Mounted(Box::new(mount)))
-        }
+        // Answered by the supervisor once it serves the mount (see `PendingMount`).
+        Ok(mount) => Ok(Intercepted::Mounted(Box::new(mount))),
         Err(errno) => {
             seccomp::respond(listener, notif.id, -1, errno.raw_os_error())?;
             Ok(Intercepted::Other)
@@ -399,6 +420,7 @@ fn mount_for_driver(
         observer,
         caller: notif.pid,
         by_helper,
+        answer: PendingMount { id: notif.id },
     })
 }
 

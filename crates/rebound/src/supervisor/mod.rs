@@ -82,6 +82,7 @@ enum Step {
     /// Waiting for what is left of the failed driver to be gone: until `kill_at` for it to
     /// exit by itself (a driver restarted while it still runs), then killing it.
     Reaping {
+        since: Instant,
         deadline: Instant,
         kill_at: Option<Instant>,
     },
@@ -267,7 +268,7 @@ pub fn run(
             MountPoint::Unknown,
             cgroup.as_ref(),
             log_label.clone(),
-            (false, config.mode == crate::config::Mode::Fast),
+            (false, config.fast()),
             None,
         )),
     };
@@ -660,14 +661,27 @@ impl Run<'_> {
                 .contains(&tgid)
         };
         let learning = self.learner.is_some();
-        let fast = self.config.mode == crate::config::Mode::Fast;
-        match intercept::handle(
+        let fast = self.config.fast();
+        // The status names the mount from the moment it exists (it is visible before the
+        // proxy starts), and until the mount fails.
+        let first_mount = (ours.is_none() && i64::from(notif.data.nr) == seccomp::NR_MOUNT)
+            .then(|| intercept::fuse_mount_target(notif))
+            .flatten();
+        if let Some(target) = &first_mount {
+            self.board
+                .update(|b| b.mountpoint = target.display().to_string());
+        }
+        let outcome = intercept::handle(
             self.listener.as_fd(),
             notif,
             ours,
             (sandboxed, learning, fast),
             is_driver,
-        ) {
+        );
+        if first_mount.is_some() && !matches!(outcome, Intercepted::Mounted(_)) {
+            self.board.update(|b| b.mountpoint.clear());
+        }
+        match outcome {
             Intercepted::Mounted(mount) => {
                 *self.log_label.lock().unwrap_or_else(|e| e.into_inner()) =
                     mount.mountpoint.display().to_string();
@@ -677,6 +691,7 @@ impl Run<'_> {
                     mount.fstype,
                     mount.caller
                 );
+                let mount = *mount;
                 let tx = self.events_tx.take().context("second mount")?;
                 let options = self.proxy_options();
                 let proxy = match mount.observer {
@@ -687,14 +702,23 @@ impl Run<'_> {
                         Proxy::start_beside(mount.kernel, mount.channel, observer, tx, options)
                     }
                     None => Proxy::start(mount.kernel, mount.channel, tx, options),
-                }
-                .context("starting the proxy")?;
+                };
+                let proxy = match proxy {
+                    Ok(proxy) => proxy,
+                    Err(e) => {
+                        mount
+                            .answer
+                            .answer(self.listener.as_fd(), Err(rustix::io::Errno::IO));
+                        return Err(e).context("starting the proxy");
+                    }
+                };
                 self.board
                     .attach(proxy.stats.clone(), Box::new(proxy.held_objects_reader()));
                 self.board.update(|s| {
                     s.mountpoint = mount.mountpoint.display().to_string();
                     s.state = "serving".into();
                 });
+                mount.answer.answer(self.listener.as_fd(), Ok(()));
                 self.served = Some(Served {
                     mountpoint: mount.mountpoint,
                     channel_inode: mount.channel_inode,
@@ -857,9 +881,11 @@ impl Run<'_> {
     }
 
     /// Fails the requests of driver threads that are dying (see [`Proxy::fail_requests_of`]).
-    /// Looked for while the driver is stopped, and while it serves or is reaped once a
-    /// request has waited a second (a working driver keeps nothing waiting that long; the
-    /// look reads `/proc`, which a recovery's latency should not pay for).
+    /// Looked for while the driver is stopped, while it serves once a request has waited a
+    /// second (a working driver keeps nothing waiting that long; the look reads `/proc`,
+    /// which a recovery's latency should not pay for), and while it is reaped, also a second
+    /// after the kill (requests a fast-mode driver had read wait unsent in the proxy once it
+    /// took the queue over).
     fn answer_for_dying_driver_threads(&self, now: Instant) {
         let Some(s) = &self.served else {
             return;
@@ -871,7 +897,10 @@ impl Run<'_> {
         };
         let look = match self.phase {
             Phase::Stopping { .. } => true,
-            Phase::Serving | Phase::Recovering(Step::Reaping { .. }) => waited(),
+            Phase::Serving => waited(),
+            Phase::Recovering(Step::Reaping { since, .. }) => {
+                waited() || now.duration_since(since) >= Duration::from_secs(1)
+            }
             _ => false,
         };
         if look {

@@ -175,6 +175,13 @@ pub fn dying_threads() -> HashSet<u32> {
     found
 }
 
+/// Whether the driver has processes (rebound's descendants but those in `spare`, a standby's)
+/// and every one of them is dying (see [`dying`]).
+pub fn all_dying(spare: &[i32]) -> bool {
+    let processes = descendants_except(spare);
+    !processes.is_empty() && processes.iter().all(|pid| dying(&format!("/proc/{pid}")))
+}
+
 /// Whether process `pid` runs on: it exists, has not exited, and is not dying.
 pub fn runs_on(pid: i32) -> bool {
     let task = format!("/proc/{pid}");

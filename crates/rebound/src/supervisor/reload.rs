@@ -1,8 +1,10 @@
 //! `rebound reload`: this run's rebound replaced by the binary now installed, with the mount
 //! kept (JuiceFS's smooth upgrade, CernVM-FS's reload, for every driver).
 //!
-//! The proxy is drained (the driver is sent nothing new and answers what it holds), the
-//! driver stopped gracefully (its channel closed, `restart_grace_ms` to flush and exit), and,
+//! The proxy is drained (the driver is sent nothing new and answers what it holds; in fast
+//! mode there is nothing to drain: the take-over resends what the driver had read), the
+//! driver stopped gracefully (its channel closed, or in fast mode one SIGTERM, and
+//! `restart_grace_ms` to flush and exit), and,
 //! once it exited by itself, rebound writes its state to `RUN_DIR/<pid>.handover` and execs
 //! the installed binary as `rebound run --resume FILE`, keeping its pid and the kernel's
 //! `/dev/fuse` descriptors. The successor reads the file, builds its proxy over those
@@ -114,17 +116,23 @@ impl Run<'_> {
             return Err("the driver is not serving (or the run is learning)".into());
         }
         let started = Instant::now();
-        if !s.proxy.drain(DRAIN_TIMEOUT) {
+        // Beside the path no request crosses the proxy, so none can be held back for a drain:
+        // the driver is stopped as it is, and the take-over resends what it had read.
+        if !s.proxy.is_beside() && !s.proxy.drain(DRAIN_TIMEOUT) {
             self.driver_failed("a reload's drain timed out", Cause::Operator);
             return Err(format!(
                 "the driver still held requests after {} s; it was restarted instead",
                 DRAIN_TIMEOUT.as_secs()
             ));
         }
-        tracing::info!(
-            "reloading rebound: the driver answered what it held in {:.1} ms; stopping it",
-            started.elapsed().as_secs_f64() * 1000.0
-        );
+        if s.proxy.is_beside() {
+            tracing::info!("reloading rebound: stopping the driver (fast mode: no drain)");
+        } else {
+            tracing::info!(
+                "reloading rebound: the driver answered what it held in {:.1} ms; stopping it",
+                started.elapsed().as_secs_f64() * 1000.0
+            );
+        }
         self.service.reloading();
         self.reloading = true;
         self.drop_standby("rebound is reloading", false);

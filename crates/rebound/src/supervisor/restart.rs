@@ -142,17 +142,24 @@ impl Run<'_> {
         // Known once its processes are all gone (see `on_processes_gone`).
         self.exited_by_itself = false;
         let now = Instant::now();
+        let beside = self.served.as_ref().is_some_and(|s| s.proxy.is_beside());
         let kill_at = if grace.is_zero() {
             process::signal_all(Signal::KILL, &self.standby_processes());
             None
         } else {
-            // No SIGTERM: libfuse, its loop ended by the closed channel, restores the default
-            // action before it flushes, and the signal would then kill it mid-flush. (A
-            // stopped driver is continued, so that it sees its channel closed.)
+            // Guarded, no SIGTERM: libfuse, its loop ended by the closed channel, restores
+            // the default action before it flushes, and the signal would then kill it
+            // mid-flush. Beside the path no channel of rebound's closes to end its loop: one
+            // SIGTERM does, and its handler (still libfuse's) lets it flush. (A stopped
+            // driver is continued, so that it sees either.)
+            if beside {
+                process::signal_all(Signal::TERM, &self.standby_processes());
+            }
             process::signal_all(Signal::CONT, &self.standby_processes());
             Some(now + grace)
         };
         self.phase = Phase::Recovering(Step::Reaping {
+            since: now,
             deadline: now + grace + Duration::from_secs(10),
             kill_at,
         });

@@ -258,7 +258,12 @@ impl Standby {
         // (A standby never mounts beside the path: it takes over from the proxy.)
         let (sandboxed, learning) = modes;
         let modes = (sandboxed, learning, false);
-        intercept::handle(self.listener.as_fd(), &notif, None, modes, is_driver);
+        let outcome = intercept::handle(self.listener.as_fd(), &notif, None, modes, is_driver);
+        if let intercept::Intercepted::Mounted(mount) = outcome {
+            // (A FUSE mount whose target could not be read above.) Not the run's mount: its
+            // caller is answered, and the mount ends with rebound's descriptor.
+            mount.answer.answer(self.listener.as_fd(), Ok(()));
+        }
     }
 
     /// Gives it the kernel's INIT (`unique`, `request`) on a thread of its own: a driver may
@@ -553,15 +558,29 @@ impl Run<'_> {
         });
         if !was_mounted && standby.mounted() {
             let pid = standby.pid;
-            if let Some((unique, request)) = self
-                .served
-                .as_ref()
-                .and_then(|s| s.proxy.init_for_standby())
-            {
-                standby.start_init(unique, request, self.config.request_timeout());
-            }
+            self.init_standby();
             self.standby_pace.succeeded();
             self.board.update(|b| b.standby_pid = Some(pid));
+        }
+    }
+
+    /// Gives a standby attached to its mount the kernel's INIT, if it has none yet and the
+    /// kernel has sent one: at its mount, or (fast mode, where the INIT is seen a batch after
+    /// it was answered) once the INIT is observed.
+    pub(super) fn init_standby(&mut self) {
+        let Some(standby) = &mut self.standby else {
+            return;
+        };
+        let unanswered = matches!(standby.mount, StandbyMount::Attached { init: None, .. });
+        if !unanswered || standby.followed.is_some() {
+            return;
+        }
+        if let Some((unique, request)) = self
+            .served
+            .as_ref()
+            .and_then(|s| s.proxy.init_for_standby())
+        {
+            standby.start_init(unique, request, self.config.request_timeout());
         }
     }
 

@@ -49,6 +49,7 @@ impl Run<'_> {
 
     pub(super) fn on_tick(&mut self) -> anyhow::Result<()> {
         let now = Instant::now();
+        self.take_over_from_dying_driver();
         self.answer_for_dying_driver_threads(now);
         match &mut self.phase {
             Phase::Starting { deadline } if now >= *deadline => {
@@ -103,7 +104,9 @@ impl Run<'_> {
             Phase::Recovering(Step::Reaping {
                 kill_at: Some(at), ..
             }) if now < *at => {}
-            Phase::Recovering(Step::Reaping { deadline, kill_at }) if now < *deadline => {
+            Phase::Recovering(Step::Reaping {
+                deadline, kill_at, ..
+            }) if now < *deadline => {
                 if kill_at.take().is_some() {
                     tracing::warn!(
                         "the failed driver did not exit within restart_grace_ms ({} ms); killing it",
