@@ -526,6 +526,7 @@ def test_rebound_survives_its_own_death_under_a_verifying_workload(mount, driver
 
         def kill_or_reload(i):
             before = mount_status(m.mnt)
+            assert before is not None, explain(m, f"no status before action {i}")
             if i % 5 == 4:
                 install_copy(mounts.rebound_bin(), installed)
                 rc, out, err, _ = mounts.run_rebound(["reload", str(m.mnt)], timeout=180)

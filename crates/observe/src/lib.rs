@@ -9,11 +9,21 @@
 //! records into [`Event`]s. Must not: interpret requests (fuse-wire and the tracker do), or
 //! block: [`Observer::drain`] returns what is there.
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, MapData, RingBuf};
+use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::BtfTracePoint;
 use aya::{Btf, Ebpf, EbpfLoader};
+
+/// The programs, with the tracepoints they attach to.
+const PROGRAMS: [(&str, &str); 2] = [
+    ("request_end", "fuse_request_end"),
+    ("forget_read", "kfree"),
+];
+/// The maps a pinned observer pins (see [`Observer::attach`]).
+const PINNED_MAPS: [&str; 2] = ["events", "ended"];
 
 /// The program, compiled by `build.rs`.
 static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observe.bpf.o"));
@@ -38,6 +48,8 @@ pub enum ObserveError {
     Load(String),
     #[error("attaching to the {0} tracepoint: {1}")]
     Attach(&'static str, String),
+    #[error("pinning the observer in {0}: {1}")]
+    Pin(String, String),
 }
 
 /// What the observer saw.
@@ -68,13 +80,68 @@ pub struct Observer {
     ended: Array<MapData, u64>,
     connection: u32,
     mountpoint: PathBuf,
+    /// Where its programs and maps are pinned, if they are (see [`Observer::attach`]).
+    pinned: Option<(PathBuf, Vec<PinnedLink>)>,
+}
+
+impl Drop for Observer {
+    /// Detaches a pinned observer: its pins go (an unpinned one detaches with its
+    /// descriptors).
+    fn drop(&mut self) {
+        if let Some((dir, links)) = self.pinned.take() {
+            for link in links {
+                let _ = link.unpin();
+            }
+            remove_pins(&dir);
+        }
+    }
+}
+
+/// Removes what an observer pinned in `dir`, and `dir`: its programs detach once nothing
+/// else holds them (a live observer's descriptors still do).
+pub fn remove_pins(dir: &Path) {
+    for name in PROGRAMS.iter().map(|(p, _)| *p).chain(PINNED_MAPS) {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// What a pinned observer in `dir` holds that was never drained, its process having died;
+/// then its pins are removed, and it detaches. The caller makes sure nothing more is to come
+/// (the connection's driver is gone).
+pub fn drain_pinned(dir: &Path) -> Result<Vec<Event>, ObserveError> {
+    let pin_error =
+        |e: &dyn std::fmt::Display| ObserveError::Pin(dir.display().to_string(), e.to_string());
+    let drained = (|| {
+        let data = MapData::from_pin(dir.join("events")).map_err(|e| pin_error(&e))?;
+        let size = data.info().map_err(|e| pin_error(&e))?.max_entries() as usize;
+        let mut events = Vec::new();
+        rebound_sys::bpf_ring::drain(data.fd().as_fd(), size, |record| {
+            events.extend(parse_record(record))
+        })
+        .map_err(|e| pin_error(&e))?;
+        Ok(events)
+    })();
+    for (program, _) in PROGRAMS {
+        if let Ok(link) = PinnedLink::from_pin(dir.join(program)) {
+            let _ = link.unpin();
+        }
+    }
+    remove_pins(dir);
+    drained
 }
 
 impl Observer {
     /// Attaches to the FUSE connection mounted at `mountpoint`, to report the requests of
     /// the opcodes in `wanted` (bit N: opcode N; opcodes from 64 up always), and GETATTR of
-    /// the root; the others are only counted ([`Observer::ended`]).
-    pub fn attach(mountpoint: &Path, wanted: u64) -> Result<Observer, ObserveError> {
+    /// the root; the others are only counted ([`Observer::ended`]). With `pin` (a directory to
+    /// make on a BPF file system), its programs and maps are pinned there: should this
+    /// process die, they stay attached, and [`drain_pinned`] gives what it had not drained.
+    pub fn attach(
+        mountpoint: &Path,
+        wanted: u64,
+        pin: Option<&Path>,
+    ) -> Result<Observer, ObserveError> {
         let connection = connection_of(mountpoint)?;
         let (read_lo, read_hi) = forget_site()?;
         let mut bpf = EbpfLoader::new()
@@ -85,22 +152,28 @@ impl Observer {
             .load(PROGRAM)
             .map_err(|e| ObserveError::Load(e.to_string()))?;
         let btf = Btf::from_sys_fs().map_err(|e| ObserveError::Load(e.to_string()))?;
-        for (program, tracepoint) in [
-            ("request_end", "fuse_request_end"),
-            ("forget_read", "kfree"),
-        ] {
-            let attach = |bpf: &mut Ebpf| -> Result<(), String> {
+        let mut links = Vec::new();
+        for (program, tracepoint) in PROGRAMS {
+            let attach = |bpf: &mut Ebpf| -> Result<Option<FdLink>, String> {
                 let p: &mut BtfTracePoint = bpf
                     .program_mut(program)
                     .ok_or("missing from the object")?
                     .try_into()
                     .map_err(|e: aya::programs::ProgramError| e.to_string())?;
                 p.load(tracepoint, &btf).map_err(|e| e.to_string())?;
-                p.attach().map_err(|e| e.to_string())?;
-                Ok(())
+                let id = p.attach().map_err(|e| e.to_string())?;
+                // A link to pin is taken from the program, which would detach it when dropped.
+                pin.map(|_| p.take_link(id).map(FdLink::from))
+                    .transpose()
+                    .map_err(|e| e.to_string())
             };
-            attach(&mut bpf).map_err(|e| ObserveError::Attach(tracepoint, e))?;
+            let link = attach(&mut bpf).map_err(|e| ObserveError::Attach(tracepoint, e))?;
+            links.extend(link.map(|link| (program, link)));
         }
+        let pinned = match pin {
+            Some(dir) => Some((dir.to_path_buf(), pin_all(&bpf, dir, links)?)),
+            None => None,
+        };
         let ended = bpf
             .take_map("ended")
             .ok_or_else(|| ObserveError::Load("no map `ended`".into()))?;
@@ -115,6 +188,7 @@ impl Observer {
             ended,
             connection,
             mountpoint: mountpoint.to_path_buf(),
+            pinned,
         })
     }
 
@@ -150,6 +224,38 @@ impl Observer {
         }
         events
     }
+}
+
+/// Pins `links` and the maps of `bpf` in `dir` (made if need be; on a BPF file system).
+fn pin_all(
+    bpf: &Ebpf,
+    dir: &Path,
+    links: Vec<(&str, FdLink)>,
+) -> Result<Vec<PinnedLink>, ObserveError> {
+    let failed = |e: &dyn std::fmt::Display| {
+        remove_pins(dir);
+        ObserveError::Pin(dir.display().to_string(), e.to_string())
+    };
+    std::fs::create_dir_all(dir).map_err(|e| failed(&e))?;
+    for name in PINNED_MAPS {
+        let map = bpf
+            .map(name)
+            .ok_or_else(|| failed(&format!("no map `{name}`")))?;
+        map.pin(dir.join(name)).map_err(|e| failed(&e))?;
+    }
+    let mut pinned = Vec::new();
+    for (program, link) in links {
+        match link.pin(dir.join(program)) {
+            Ok(link) => pinned.push(link),
+            Err(e) => {
+                for link in pinned {
+                    let _ = link.unpin();
+                }
+                return Err(failed(&e));
+            }
+        }
+    }
+    Ok(pinned)
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {

@@ -252,9 +252,12 @@ fn take_over(mount: &KeptMount, status: &MountStatus, queues: Vec<OwnedFd>) -> a
     // to exit by itself once its channel closes, a libfuse driver may never do so: its
     // teardown cancels worker threads wherever they are, and one cancelled while holding the
     // driver's own lock leaves the others waiting forever; fuse2fs and passthrough_ll did.)
+    let mut queues = queues;
+    queues.extend(drivers_devices(&driver_processes(mount, status)));
     kill_drivers(mount, status);
     let numbers: Vec<i32> = queues.iter().map(AsRawFd::as_raw_fd).collect();
-    let proxy = HandOver::from_journal(numbers, &mount.journal);
+    let pins = pins_of(status.rebound_pid);
+    let proxy = HandOver::from_journal(numbers, &mount.journal, pins.exists().then_some(pins));
     let succession = Succession::after_death(
         mount,
         status.clone(),
@@ -278,30 +281,78 @@ fn take_over(mount: &KeptMount, status: &MountStatus, queues: Vec<OwnedFd>) -> a
     Err(e).with_context(|| format!("exec {}", exe.display()))
 }
 
+/// The dead run's live driver processes (the standby's too).
+fn driver_processes(mount: &KeptMount, status: &MountStatus) -> Vec<i32> {
+    let mut pids: Vec<i32> = mount
+        .cgroup_procs
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .chain(status.driver_pid)
+        .chain(status.standby_pid)
+        .filter(|&pid| alive(pid))
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// Fast mode: the driver's own descriptors on the connection (its clones of rebound's),
+/// taken before it is killed. The requests it had read stay with the kernel only while a
+/// descriptor they were read through is open; the successor has them sent again and reads
+/// from these as from its own queues. (A standby's `/dev/fuse`, not mounted, is no
+/// connection's: a clone of it fails, and it is left.)
+fn drivers_devices(pids: &[i32]) -> Vec<OwnedFd> {
+    use rustix::process::{pidfd_getfd, pidfd_open, Pid, PidfdFlags, PidfdGetfdFlags};
+    let mut found = Vec::new();
+    let mut holders = Vec::new();
+    for &pid in pids {
+        let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        let Some(pidfd) = Pid::from_raw(pid).and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok())
+        else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let fuse = std::fs::read_link(entry.path())
+                .is_ok_and(|target| target == std::path::Path::new("/dev/fuse"));
+            let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+                continue;
+            };
+            if !fuse {
+                continue;
+            }
+            match pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty()) {
+                Ok(device) if rebound_sys::fuse_dev::clone_connection(device.as_fd()).is_ok() => {
+                    found.push(device);
+                    holders.push(pid);
+                }
+                _ => {}
+            }
+        }
+    }
+    if !found.is_empty() {
+        holders.dedup();
+        tracing::info!(
+            "kept {} of the driver's descriptors on the connection (of pids {holders:?}): the \
+             requests it read are sent again",
+            found.len()
+        );
+    }
+    found
+}
+
 /// Kills the dead run's driver processes (the standby too) and waits, a few seconds at most,
 /// until they are gone.
 fn kill_drivers(mount: &KeptMount, status: &MountStatus) {
-    let pids = || -> Vec<i32> {
-        let mut pids: Vec<i32> = mount
-            .cgroup_procs
-            .iter()
-            .filter_map(|f| std::fs::read_to_string(f).ok())
-            .flat_map(|text| {
-                text.lines()
-                    .filter_map(|l| l.trim().parse().ok())
-                    .collect::<Vec<i32>>()
-            })
-            .chain(status.driver_pid)
-            .chain(status.standby_pid)
-            .filter(|&pid| alive(pid))
-            .collect();
-        pids.sort_unstable();
-        pids.dedup();
-        pids
-    };
     let deadline = Instant::now() + KILL_TIMEOUT;
     loop {
-        let left = pids();
+        let left = driver_processes(mount, status);
         if left.is_empty() {
             return;
         }
@@ -344,4 +395,44 @@ fn kill(pid: i32) {
 /// The journal directory of the run with `pid`.
 pub fn journal_dir(pid: u32) -> PathBuf {
     control::run_dir().join(format!("{pid}.journal"))
+}
+
+/// Where the BPF file system is expected (and mounted if it is not, as systemd does).
+const BPF_FS: &str = "/sys/fs/bpf";
+/// `BPF_FS_MAGIC`, the BPF file system's `statfs` type.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Where the run with `pid` pins its observer (fast mode), should it die: `/sys/fs/bpf/
+/// rebound/PID`.
+pub fn pins_of(pid: u32) -> PathBuf {
+    PathBuf::from(BPF_FS).join("rebound").join(pid.to_string())
+}
+
+/// [`pins_of`] this run, with the BPF file system mounted at `/sys/fs/bpf` if it was not;
+/// `None` (said why) if it cannot be: the observer is then not pinned, and rebound's death
+/// before the driver's first failure loses what it had not yet drained.
+pub fn observer_pins(pid: u32) -> Option<PathBuf> {
+    let is_bpf_fs = || rustix::fs::statfs(BPF_FS).is_ok_and(|s| s.f_type == BPF_FS_MAGIC);
+    if !is_bpf_fs() {
+        let mounted = rustix::mount::mount(
+            "bpf",
+            BPF_FS,
+            "bpf",
+            rustix::mount::MountFlags::NOSUID
+                | rustix::mount::MountFlags::NODEV
+                | rustix::mount::MountFlags::NOEXEC,
+            c"mode=700",
+        );
+        match mounted {
+            Ok(()) => tracing::info!("mounted the BPF file system on {BPF_FS}"),
+            Err(e) => {
+                tracing::warn!(
+                    "no BPF file system on {BPF_FS} ({e}): should rebound die before the \
+                     driver's first failure, its successor may miss what the observer saw last"
+                );
+                return None;
+            }
+        }
+    }
+    Some(pins_of(pid))
 }

@@ -4,9 +4,11 @@
 //! Owns: the seccomp user-notification filter that lets rebound see a driver's `mount(2)` and
 //! `umount2(2)` and denies what no driver needs ([`seccomp`]), confining a driver (cgroups,
 //! rlimits, namespaces, capabilities; [`sandbox`]), spawning a driver with both in place
-//! ([`spawn`]), and cloning a FUSE connection into more queues ([`fuse_dev`]).
+//! ([`spawn`]), cloning a FUSE connection into more queues ([`fuse_dev`]), and reading what a
+//! dead reader left in a BPF ring buffer ([`bpf_ring`]).
 //! Must not: contain policy (what to do with a notification is the supervisor's business).
 
+pub mod bpf_ring;
 pub mod fuse_dev;
 pub mod sandbox;
 pub mod seccomp;

@@ -269,11 +269,14 @@ fn observed_request(shared: &Shared, request: &[u8], reply: &mut [u8], cut: bool
 fn observed_init(shared: &Shared, request: &[u8], reply: &mut [u8]) {
     let mut kept = request.to_vec();
     fuse_wire::mask_init_request(&mut kept);
-    *lock(&shared.init) = Some(kept);
+    *lock(&shared.init) = Some(kept.clone());
     // (Read through the check a guarded INIT reply passes; the copy it changes is rebound's.)
     match fuse_wire::fix_init_reply(reply, u32::MAX) {
         Ok(init) => {
             shared.minor.store(init.minor, Ordering::Relaxed);
+            if let Some(journal) = shared.journal.get() {
+                journal.note_init(init.minor, &kept);
+            }
             shared.buffers.fit(init.max_write);
             tracing::info!(
                 "driver speaks FUSE 7.{} on the kernel's queue (fast mode), max_write {} bytes",
@@ -284,6 +287,36 @@ fn observed_init(shared: &Shared, request: &[u8], reply: &mut [u8]) {
         Err(e) => tracing::warn!("observed an INIT reply rebound cannot read: {e}"),
     }
     shared.report(ProxyEvent::Initialized);
+}
+
+/// A successor after rebound died in fast mode: what the dead run's observer saw and had not
+/// drained (it stayed attached, pinned in `dir`: see `keeper`) goes to the tracker its journal
+/// rebuilt. Its driver is dead by now, so nothing more is to come. (Forgets are left: whose
+/// they were can no longer be told, and a count too high only keeps a node longer.)
+pub(super) fn replay_pinned(shared: &Shared, dir: &std::path::Path) {
+    match rebound_observe::drain_pinned(dir) {
+        Ok(events) => {
+            let mut requests = 0;
+            for event in events {
+                if let Event::Request {
+                    request,
+                    mut reply,
+                    cut,
+                } = event
+                {
+                    observed_request(shared, &request, &mut reply, cut);
+                    requests += 1;
+                }
+            }
+            tracing::info!(
+                "{requests} requests the dead rebound's observer saw last are in the tracker"
+            );
+        }
+        Err(e) => tracing::warn!(
+            "what the dead rebound's observer saw last is lost ({e}): nodes and handles the \
+             kernel got from it fail with EIO"
+        ),
+    }
 }
 
 /// The driver is gone (every process that held its device): the proxy takes the kernel's

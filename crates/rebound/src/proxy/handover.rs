@@ -40,14 +40,35 @@ pub struct HandOver {
     /// its compact form, rather than the keeper writing it all out again here).
     #[serde(default)]
     journal: Option<PathBuf>,
+    /// After rebound's death in fast mode: where its observer is pinned, with what it saw
+    /// last (see `beside::replay_pinned`).
+    #[serde(default)]
+    observer_pins: Option<PathBuf>,
+    /// The queues taken over (see [`HandOver::inherit_queues`]).
+    #[serde(skip)]
+    inherited: Vec<std::os::fd::OwnedFd>,
 }
 
 impl HandOver {
+    /// Takes the kernel queues a predecessor left open across `execve` (by their numbers),
+    /// close-on-exec again: before this process starts anything (its keeper, a driver), which
+    /// would otherwise inherit them.
+    pub fn inherit_queues(&mut self) -> io::Result<()> {
+        self.inherited = self
+            .queues
+            .iter()
+            .map(|&fd| rebound_sys::fuse_dev::inherited(fd))
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(())
+    }
+
     /// What a successor needs after rebound died (see `keeper`): the kernel queues its
     /// keeper held, by descriptor number (open across `execve`), and the journal in `dir`,
     /// which the successor reads (and removes).
-    pub fn from_journal(queues: Vec<i32>, dir: &Path) -> HandOver {
+    pub fn from_journal(queues: Vec<i32>, dir: &Path, observer_pins: Option<PathBuf>) -> HandOver {
         HandOver {
+            observer_pins,
+            inherited: Vec::new(),
             queues,
             objects: ObjectTable::new().snapshot(),
             init: None,
@@ -132,6 +153,8 @@ impl Proxy {
             generations: shared.generations.load(Ordering::Relaxed),
             store_changed: shared.store_changed.load(Ordering::Relaxed),
             journal: None,
+            observer_pins: None,
+            inherited: Vec::new(),
         }
     }
 
@@ -139,12 +162,11 @@ impl Proxy {
     /// state, waiting for a driver (requests park until one is restored, as after a
     /// failure). The kernel is asked to send again what the predecessor had read.
     pub fn resume(state: HandOver, events: UnixStream, options: ProxyOptions) -> io::Result<Proxy> {
-        let state = state.read_journal()?;
-        let queues = state
-            .queues
-            .iter()
-            .map(|&fd| rebound_sys::fuse_dev::inherited(fd))
-            .collect::<io::Result<Vec<_>>>()?;
+        let mut state = state.read_journal()?;
+        if state.inherited.is_empty() {
+            state.inherit_queues()?;
+        }
+        let queues = std::mem::take(&mut state.inherited);
         if queues.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -165,6 +187,9 @@ impl Proxy {
             }
             shared.generations = state.generations.into();
             shared.store_changed = state.store_changed.into();
+            if let Some(dir) = &state.observer_pins {
+                super::beside::replay_pinned(shared, dir);
+            }
         })?;
         proxy.driver_failed();
         super::resend_requests(&proxy.shared)?;

@@ -631,7 +631,9 @@ impl Proxy {
         restore: impl FnOnce(&mut Shared),
     ) -> io::Result<Proxy> {
         let gone = events.try_clone()?;
-        let notifications = NotificationQueue::start(rustix::io::dup(&queues[0])?, move || {
+        // (Close-on-exec like the queue: a driver started later must not inherit it.)
+        let queue = rustix::io::fcntl_dupfd_cloexec(&queues[0], 0)?;
+        let notifications = NotificationQueue::start(queue, move || {
             use std::io::Write;
             let _ = (&gone).write_all(&[ProxyEvent::KernelGone as u8]);
         })?;

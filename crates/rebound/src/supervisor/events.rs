@@ -237,15 +237,11 @@ impl Run<'_> {
     pub(super) fn take_over_queue(&mut self) {
         if let Some(s) = &self.served {
             match s.proxy.take_over() {
-                Ok(true) => {
-                    tracing::info!(
-                        "the proxy took the kernel's queue over from the failed driver; {} is \
-                         guarded from now on",
-                        s.mountpoint.display()
-                    );
-                    // Guarded now: rebound's death can be survived from here on.
-                    self.keep_mount();
-                }
+                Ok(true) => tracing::info!(
+                    "the proxy took the kernel's queue over from the failed driver; {} is \
+                     guarded from now on",
+                    s.mountpoint.display()
+                ),
                 Ok(false) => {}
                 Err(e) => tracing::error!("taking the kernel's queue over: {e}"),
             }

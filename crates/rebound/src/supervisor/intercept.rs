@@ -117,6 +117,13 @@ pub fn fuse_mount_target(notif: &Notification) -> Option<PathBuf> {
     call.is_fuse().then_some(call.target)
 }
 
+/// A first mount served on the fast path (see [`handle`]).
+#[derive(Clone, Copy)]
+pub struct Fast<'a> {
+    /// Where the observer is pinned, to outlive rebound (see `keeper::observer_pins`).
+    pub pins: Option<&'a Path>,
+}
+
 /// The mount rebound already serves for this driver.
 pub struct Served<'a> {
     pub mountpoint: &'a Path,
@@ -131,13 +138,13 @@ pub struct Served<'a> {
 /// With `sandboxed`, mounts other than FUSE mounts are refused (`EPERM`). `is_driver(tgid)`
 /// says whether a process is the driver's (a call on another process must reach only those).
 /// `modes` is (`sandboxed`, `learning`, `fast`): with `learning`, a call of the deny list runs
-/// (and is reported); with `fast`, a first mount gives the driver a clone of the kernel's
+/// (and is reported); with `fast` (`Some`), a first mount gives the driver a clone of the kernel's
 /// connection instead of a channel, if the connection can be observed.
 pub fn handle(
     listener: BorrowedFd<'_>,
     notif: &Notification,
     served: Option<Served<'_>>,
-    modes: (bool, bool, bool),
+    modes: (bool, bool, Option<Fast<'_>>),
     is_driver: impl Fn(i32) -> bool,
 ) -> Intercepted {
     let (sandboxed, learning, fast) = modes;
@@ -184,7 +191,7 @@ fn handle_mount(
     notif: &Notification,
     ours: Option<&Path>,
     recovering: bool,
-    (sandboxed, fast): (bool, bool),
+    (sandboxed, fast): (bool, Option<Fast<'_>>),
 ) -> io::Result<Intercepted> {
     let call = match read_mount_call(notif) {
         Ok(call) => call,
@@ -374,7 +381,7 @@ fn mount_for_driver(
     listener: BorrowedFd<'_>,
     notif: &Notification,
     call: &MountCall,
-    fast: bool,
+    fast: Option<Fast<'_>>,
 ) -> Result<Mount, Errno> {
     let (driver_fd, cloexec) = callers_fuse_fd(notif, call)?;
     let data = call.data.as_deref().unwrap_or_default();
@@ -394,15 +401,14 @@ fn mount_for_driver(
         rustix::mount::MountFlags::from_bits_retain(call.flags as _),
         to_c(data)?.as_c_str(),
     )?;
-    let observer = fast
-        .then(|| {
-            rebound_observe::Observer::attach(&call.target, crate::proxy::observed_opcodes())
-                .inspect_err(|e| {
-                    tracing::warn!("mode = \"fast\" is not available here, serving guarded: {e}")
-                })
-                .ok()
-        })
-        .flatten();
+    let observer = fast.and_then(|fast| {
+        let opcodes = crate::proxy::observed_opcodes();
+        rebound_observe::Observer::attach(&call.target, opcodes, fast.pins)
+            .inspect_err(|e| {
+                tracing::warn!("mode = \"fast\" is not available here, serving guarded: {e}")
+            })
+            .ok()
+    });
     let installed = match observer {
         Some(_) => install_clone(listener, notif, kernel.as_fd(), driver_fd, cloexec),
         None => install_channel(listener, notif, driver_fd, cloexec),

@@ -661,7 +661,6 @@ impl Run<'_> {
                 .contains(&tgid)
         };
         let learning = self.learner.is_some();
-        let fast = self.config.fast();
         // The status names the mount from the moment it exists (it is visible before the
         // proxy starts), and until the mount fails.
         let first_mount = (ours.is_none() && i64::from(notif.data.nr) == seccomp::NR_MOUNT)
@@ -671,6 +670,13 @@ impl Run<'_> {
             self.board
                 .update(|b| b.mountpoint = target.display().to_string());
         }
+        // With a keeper, the observer is pinned: it must outlive rebound (see `keeper`).
+        let pins = (first_mount.is_some() && self.config.fast() && self.keeper.is_some())
+            .then(|| crate::keeper::observer_pins(std::process::id()))
+            .flatten();
+        let fast = self.config.fast().then_some(intercept::Fast {
+            pins: pins.as_deref(),
+        });
         let outcome = intercept::handle(
             self.listener.as_fd(),
             notif,
@@ -971,16 +977,13 @@ impl Run<'_> {
 
     /// Gives the keeper the mount once it serves (the kernel queues, what a successor must
     /// know) and starts the tracker's journal. Without either, rebound's death loses the
-    /// mount (said once).
+    /// mount (said once). In fast mode the keeper also takes the driver's own descriptors on
+    /// the connection at rebound's death, and the successor what the observer, pinned, saw
+    /// last (see `keeper`).
     fn keep_mount(&mut self) {
         let (Some(keeper), Some(s)) = (&mut self.keeper, &self.served) else {
             return;
         };
-        if s.proxy.is_beside() {
-            // The driver serves the kernel's queue itself, and rebound's death leaves it
-            // serving; the mount is kept once the proxy takes the queue over.
-            return;
-        }
         let journal = crate::keeper::journal_dir(std::process::id());
         let kept = KeptMount {
             argv: self.command.argv_bytes(),
@@ -1011,10 +1014,12 @@ impl Run<'_> {
         }
     }
 
-    /// The keeper exits without taking over, and the journal goes.
+    /// The keeper exits without taking over, and the journal goes, and the observer's pins
+    /// (it stays attached while rebound holds it).
     fn end_keeping(&mut self) {
         if let Some(mut keeper) = self.keeper.take() {
             keeper.end();
+            rebound_observe::remove_pins(&crate::keeper::pins_of(std::process::id()));
         }
         if let Some(s) = &self.served {
             s.proxy.remove_journal();

@@ -58,12 +58,17 @@ pub struct Death {
 }
 
 impl Succession {
-    /// Reads (and removes) the hand-over file `path`.
+    /// Reads (and removes) the hand-over file `path`, and takes the kernel queues it names.
     pub fn take(path: &Path) -> anyhow::Result<Succession> {
         let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let _ = std::fs::remove_file(path);
-        serde_json::from_slice(&text)
-            .with_context(|| format!("{}: not a hand-over", path.display()))
+        let mut succession: Succession = serde_json::from_slice(&text)
+            .with_context(|| format!("{}: not a hand-over", path.display()))?;
+        succession
+            .proxy
+            .inherit_queues()
+            .context("taking the kernel queues over")?;
+        Ok(succession)
     }
 
     /// The succession a keeper builds when its rebound died.

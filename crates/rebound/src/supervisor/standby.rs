@@ -257,7 +257,7 @@ impl Standby {
         }
         // (A standby never mounts beside the path: it takes over from the proxy.)
         let (sandboxed, learning) = modes;
-        let modes = (sandboxed, learning, false);
+        let modes = (sandboxed, learning, None);
         let outcome = intercept::handle(self.listener.as_fd(), &notif, None, modes, is_driver);
         if let intercept::Intercepted::Mounted(mount) = outcome {
             // (A FUSE mount whose target could not be read above.) Not the run's mount: its
