@@ -20,6 +20,10 @@ import pytest
 
 import mounts
 
+# Replies are checked, and second opinions asked, only where they cross rebound.
+GUARDED = 'mode = "guarded"\n'
+
+
 def rogue():
     """The rogue driver script, as the session runs it (mounts.install_programs)."""
     return mounts.fixture_script("rogue_driver.py")
@@ -98,7 +102,7 @@ def running(workdir, rebound_bin):
 
 def test_malformed_replies_are_refused_and_the_mount_goes_on(running):
     r = running(lambda mnt: [sys.executable, str(rogue()), str(mnt)],
-                config="restart_budget = 50\nrestart_backoff_ms = 0\n")
+                config=GUARDED + 'restart_budget = 50\nrestart_backoff_ms = 0\n')
     assert sorted(os.listdir(r.mnt)) == sorted(BAD_NAMES + ("good", "long-read", "flaky",
                                                              "broken", "alias"))
     for name in BAD_NAMES:
@@ -152,7 +156,7 @@ def test_an_error_no_working_driver_gives_is_asked_again_of_a_restarted_driver(r
     state = workdir / "state"
     state.mkdir()
     r = running(lambda mnt: [sys.executable, str(rogue()), str(mnt), str(state)],
-                config="restart_backoff_ms = 0\n")
+                config=GUARDED + "restart_backoff_ms = 0\n")
     # EFAULT from a LOOKUP is the driver failing: a restarted driver is asked, and its answer
     # is what the application gets.
     assert errno_of("stat", r.mnt / "flaky") == 0
@@ -177,7 +181,7 @@ def test_an_impossible_entry_is_asked_again_of_a_restarted_driver(running, workd
     state = workdir / "state"
     state.mkdir()
     r = running(lambda mnt: [sys.executable, str(rogue()), str(mnt), str(state)],
-                config="restart_backoff_ms = 0\n")
+                config=GUARDED + "restart_backoff_ms = 0\n")
     good = os.stat(r.mnt / "good")
     # The first driver says "alias" is the node the kernel holds as "good", which has one
     # link: impossible. The restarted driver's answer is what the application sees.
@@ -194,7 +198,7 @@ def test_with_second_opinions_off_a_drivers_error_goes_through(running, workdir)
     state = workdir / "state"
     state.mkdir()
     r = running(lambda mnt: [sys.executable, str(rogue()), str(mnt), str(state)],
-                config="second_opinion = false\n")
+                config=GUARDED + "second_opinion = false\n")
     assert errno_of("stat", r.mnt / "flaky") == errno.EFAULT
     status = mount_status(r)
     assert (status["restarts"], status["second_opinions"]) == (0, 0), status
