@@ -32,9 +32,14 @@ static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
 static void *(*bpf_get_current_task_btf)(void) = (void *)158;
 static void *(*bpf_task_pt_regs)(void *task) = (void *)175;
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
+static long (*bpf_map_update_elem)(void *map, const void *key, const void *value,
+                                   __u64 flags) = (void *)2;
+static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
+static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 #define BPF_RB_NO_WAKEUP 1
 #define BPF_MAP_TYPE_RINGBUF 27
 #define BPF_MAP_TYPE_ARRAY 2
+#define BPF_MAP_TYPE_HASH 1
 
 struct fuse_in_header { __u32 len; __u32 opcode; __u64 unique; __u64 nodeid; __u32 uid;
                         __u32 gid; __u32 pid; __u16 total_extlen; __u16 padding; } CORE;
@@ -122,6 +127,16 @@ struct {
     __u64 *value;
 } ended SEC(".maps");
 
+// When each of the connection's requests that has not ended was sent (CLOCK_MONOTONIC ns), by
+// its fuse_req's address: user space finds the oldest, for the hang check (a driver that holds
+// one request while it answers the others). Full, a request goes untimed.
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 16384);
+    __u64 *key;
+    __u64 *value;
+} started SEC(".maps");
+
 char LICENSE[] SEC("license") = "GPL";
 
 // A ring record of `kind` with its fixed fields cleared, or 0 when the ring is full.
@@ -185,6 +200,24 @@ static __attribute__((always_inline)) long copy_entries(__u8 *dst, __u32 size)
     return len;
 }
 
+SEC("tp_btf/fuse_request_send")
+int request_send(__u64 *ctx)
+{
+    struct fuse_req *req = (void *)ctx[0];
+    struct fuse_mount *fm;
+    struct fuse_conn *fc;
+    __u32 dev = 0;
+    READ(fm, req->fm);
+    READ(fc, fm->fc);
+    READ(dev, fc->dev);
+    if (dev != CONNECTION)
+        return 0;
+    __u64 key = (__u64)req;
+    __u64 now = bpf_ktime_get_ns();
+    bpf_map_update_elem(&started, &key, &now, 0);
+    return 0;
+}
+
 SEC("tp_btf/fuse_request_end")
 int request_end(__u64 *ctx)
 {
@@ -198,6 +231,8 @@ int request_end(__u64 *ctx)
     READ(dev, fc->dev);
     if (dev != CONNECTION)
         return 0;
+    __u64 key = (__u64)req;
+    bpf_map_delete_elem(&started, &key);
     __u32 zero = 0;
     __u64 *count = bpf_map_lookup_elem(&ended, &zero);
     if (count)

@@ -1,6 +1,8 @@
 //! Sees one FUSE connection's requests and replies from beside the path: a BPF program on the
 //! kernel's `fuse_request_end` tracepoint copies each request's header and arguments as the
-//! wire carries them (and each FORGET a driver reads), into a ring buffer drained in batches.
+//! wire carries them (and each FORGET a driver reads), into a ring buffer drained in batches;
+//! one on `fuse_request_send` notes when each request was sent, until it ends (for the oldest's
+//! age: [`Observer::oldest_waiting`]).
 //! This is how rebound will keep its object tracker current while a driver serves the kernel's
 //! queue itself (the fast path, `docs/design.md`); `rebound observe` shows it on any mount.
 //!
@@ -18,7 +20,8 @@ use aya::programs::BtfTracePoint;
 use aya::{Btf, Ebpf, EbpfLoader};
 
 /// The programs, with the tracepoints they attach to.
-const PROGRAMS: [(&str, &str); 2] = [
+const PROGRAMS: [(&str, &str); 3] = [
+    ("request_send", "fuse_request_send"),
     ("request_end", "fuse_request_end"),
     ("forget_read", "kfree"),
 ];
@@ -78,6 +81,7 @@ pub struct Observer {
     _bpf: Ebpf,
     ring: RingBuf<MapData>,
     ended: Array<MapData, u64>,
+    started: aya::maps::HashMap<MapData, u64, u64>,
     connection: u32,
     mountpoint: PathBuf,
     /// Where its programs and maps are pinned, if they are (see [`Observer::attach`]).
@@ -178,6 +182,11 @@ impl Observer {
             .take_map("ended")
             .ok_or_else(|| ObserveError::Load("no map `ended`".into()))?;
         let ended = Array::try_from(ended).map_err(|e| ObserveError::Load(e.to_string()))?;
+        let started = bpf
+            .take_map("started")
+            .ok_or_else(|| ObserveError::Load("no map `started`".into()))?;
+        let started =
+            aya::maps::HashMap::try_from(started).map_err(|e| ObserveError::Load(e.to_string()))?;
         let map = bpf
             .take_map("events")
             .ok_or_else(|| ObserveError::Load("no map `events`".into()))?;
@@ -186,6 +195,7 @@ impl Observer {
             _bpf: bpf,
             ring,
             ended,
+            started,
             connection,
             mountpoint: mountpoint.to_path_buf(),
             pinned,
@@ -200,6 +210,21 @@ impl Observer {
     /// How many of the connection's requests have ended since the attach, reported or not.
     pub fn ended(&self) -> u64 {
         self.ended.get(&0, 0).unwrap_or(0)
+    }
+
+    /// How long the oldest of the connection's requests that have not ended has waited since
+    /// it was sent (queued for the driver); `None` if none waits. One map read per request
+    /// waiting: for a periodic look.
+    pub fn oldest_waiting(&self) -> Option<std::time::Duration> {
+        let oldest = self
+            .started
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(_, at)| at)
+            .min()?;
+        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        let now = now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64;
+        Some(std::time::Duration::from_nanos(now.saturating_sub(oldest)))
     }
 
     /// The same, by opcode: slot N counts opcode N (opcodes from `OPCODE_SLOTS - 1` up share

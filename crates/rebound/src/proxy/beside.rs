@@ -354,9 +354,10 @@ pub(super) fn take_over(shared: &Arc<Shared>) -> std::io::Result<bool> {
     Ok(true)
 }
 
-/// While beside: whether the driver hangs, as [`super::Proxy::check_liveness`] says: requests
-/// wait and none has ended for `request_timeout`, or a liveness probe (sent once requests
-/// have waited [`super::probe_after`] with none ending) is unanswered after `probe_timeout`.
+/// While beside: whether the driver hangs, as [`super::Proxy::check_liveness`] says: a request
+/// has waited `request_timeout` (its age from the observer), requests wait and none has ended
+/// for `request_timeout`, or a liveness probe (sent once requests have waited
+/// [`super::probe_after`] with none ending) is unanswered after `probe_timeout`.
 pub(super) fn hang(
     beside: &Beside,
     request_timeout: Duration,
@@ -377,6 +378,16 @@ pub(super) fn hang(
                 waited.as_millis()
             ));
         }
+    }
+    // One request held while others are answered: its age, which the observer knows.
+    let oldest = lock(&beside.observer)
+        .as_ref()
+        .and_then(Observer::oldest_waiting);
+    if let Some(waited) = oldest.filter(|waited| *waited >= request_timeout) {
+        return Some(format!(
+            "hang: a request unanswered for {} ms",
+            waited.as_millis()
+        ));
     }
     let quiet = lock(&beside.last_end).elapsed();
     if quiet < super::probe_after(probe_timeout) {
