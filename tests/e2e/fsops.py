@@ -26,6 +26,7 @@ import hashlib
 import json
 import mmap
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -96,6 +97,30 @@ def renameat2(src, dst, flags):
     if _libc.renameat2(AT_FDCWD, os.fsencode(src), AT_FDCWD, os.fsencode(dst), flags) != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e), src)
+
+
+def in_child(fn):
+    """fn()'s outcome, from a forked child: a fault on a mapping (SIGBUS, when a page's read
+    fails) ends the child, and is the outcome, rather than ending the test run."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            outcome = fn()
+        except OSError as e:
+            outcome = errname(e)
+        except BaseException as e:  # noqa: BLE001 (reported, in the child)
+            outcome = f"raised {type(e).__name__}"
+        os.write(w, outcome.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return signal.Signals(os.WTERMSIG(status)).name
+    return said
 
 
 def write_file(path, data, chunk=100_000, mode=0o644):
@@ -530,6 +555,9 @@ class FsOps:
 
     # --- mmap -----------------------------------------------------------------------------
     def step_mmap_write(self):
+        return in_child(self._mmap_write)
+
+    def _mmap_write(self):
         path = self.p("mapped")
         size = 3 * mmap.PAGESIZE + 100
         write_file(path, bytes(size))
@@ -547,6 +575,9 @@ class FsOps:
         return check(read_file(path), bytes(expected))
 
     def step_mmap_read(self):
+        return in_child(self._mmap_read)
+
+    def _mmap_read(self):
         fd = os.open(self.p("large"), os.O_RDONLY)
         try:
             with mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ) as m:

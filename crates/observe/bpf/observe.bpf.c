@@ -200,17 +200,23 @@ static __attribute__((always_inline)) long copy_entries(__u8 *dst, __u32 size)
     return len;
 }
 
-SEC("tp_btf/fuse_request_send")
-int request_send(__u64 *ctx)
+// Whether `req` is a request of the connection observed.
+static __attribute__((always_inline)) int observed(struct fuse_req *req)
 {
-    struct fuse_req *req = (void *)ctx[0];
     struct fuse_mount *fm;
     struct fuse_conn *fc;
     __u32 dev = 0;
     READ(fm, req->fm);
     READ(fc, fm->fc);
     READ(dev, fc->dev);
-    if (dev != CONNECTION)
+    return dev == CONNECTION;
+}
+
+SEC("tp_btf/fuse_request_send")
+int request_send(__u64 *ctx)
+{
+    struct fuse_req *req = (void *)ctx[0];
+    if (!observed(req))
         return 0;
     __u64 key = (__u64)req;
     __u64 now = bpf_ktime_get_ns();
@@ -222,14 +228,8 @@ SEC("tp_btf/fuse_request_end")
 int request_end(__u64 *ctx)
 {
     struct fuse_req *req = (void *)ctx[0];
-    struct fuse_mount *fm;
-    struct fuse_conn *fc;
     struct fuse_args *args;
-    __u32 dev = 0;
-    READ(fm, req->fm);
-    READ(fc, fm->fc);
-    READ(dev, fc->dev);
-    if (dev != CONNECTION)
+    if (!observed(req))
         return 0;
     __u64 key = (__u64)req;
     bpf_map_delete_elem(&started, &key);

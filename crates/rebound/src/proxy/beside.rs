@@ -104,6 +104,7 @@ impl Beside {
     /// Ends the connection (fusectl's `abort`): the driver's reads fail with `ENODEV`, as
     /// they do once a mount is gone. A driver that unmounted waits for that, and a copy of the
     /// mount in its own namespace (see `supervisor::intercept`) keeps the connection open.
+    /// Only while the connection lives: its number names another's once it is gone.
     pub(super) fn end_connection(&self) {
         if let Err(e) = std::fs::write(self.control.join("abort"), "1") {
             tracing::warn!("ending the connection through fusectl: {e}");

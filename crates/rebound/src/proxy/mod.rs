@@ -725,7 +725,12 @@ impl Proxy {
     /// their reader threads before exiting (go-fuse) need this.
     pub fn disconnect_driver(&self) {
         if let Some(beside) = self.shared.beside.as_ref().filter(|b| b.active()) {
-            return beside.end_connection();
+            // Once the mount is gone, so is the connection, and its number may be another
+            // mount's already (numbers are reused at once): ending it by number would end that.
+            if !self.kernel_gone() {
+                beside.end_connection();
+            }
+            return;
         }
         if let Some((driver, _)) = self.shared.link().current() {
             let _ = rustix::net::shutdown(&**driver, rustix::net::Shutdown::Both);
