@@ -16,6 +16,12 @@
 //! a crash (the store rolled back to its last checkpoint, the redo log replayed, nodes looked
 //! up, handles reopened). Applications wait and see no error.
 //!
+//! In fast mode the driver serves the kernel's queue itself until its first failure: the
+//! keeper first takes the driver's own descriptors on the connection (the requests it read
+//! live as long as one is open) and hands them on as queues, and the run's observer, pinned
+//! under `/sys/fs/bpf/rebound/PID`, stays attached for the successor to read what rebound had
+//! not drained.
+//!
 //! Owns: the keeper process, both ends of its socket, the take-over after a death. Must not:
 //! touch the mount while rebound lives.
 
