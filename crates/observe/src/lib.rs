@@ -25,8 +25,8 @@ const PROGRAMS: [(&str, &str); 3] = [
     ("request_end", "fuse_request_end"),
     ("forget_read", "kfree"),
 ];
-/// The maps a pinned observer pins (see [`Observer::attach`]).
-const PINNED_MAPS: [&str; 2] = ["events", "ended"];
+/// The maps a pinned observer pins (see [`Observer::attach`]): what a successor reads.
+const PINNED_MAPS: [&str; 1] = ["events"];
 
 /// The program, compiled by `build.rs`.
 static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observe.bpf.o"));
@@ -93,10 +93,8 @@ impl Drop for Observer {
     /// descriptors).
     fn drop(&mut self) {
         if let Some((dir, links)) = self.pinned.take() {
-            for link in links {
-                let _ = link.unpin();
-            }
             remove_pins(&dir);
+            drop(links);
         }
     }
 }
@@ -126,11 +124,6 @@ pub fn drain_pinned(dir: &Path) -> Result<Vec<Event>, ObserveError> {
         .map_err(|e| pin_error(&e))?;
         Ok(events)
     })();
-    for (program, _) in PROGRAMS {
-        if let Ok(link) = PinnedLink::from_pin(dir.join(program)) {
-            let _ = link.unpin();
-        }
-    }
     remove_pins(dir);
     drained
 }

@@ -440,5 +440,9 @@ pub fn observer_pins(pid: u32) -> Option<PathBuf> {
             }
         }
     }
-    Some(pins_of(pid))
+    // A run that died with this pid and was never taken over may have left its pins here;
+    // pinning over them would fail (and with it fast mode).
+    let dir = pins_of(pid);
+    rebound_observe::remove_pins(&dir);
+    Some(dir)
 }
