@@ -8,6 +8,7 @@ path names its mount point and so identifies its processes by their command line
 """
 
 import contextlib
+import json
 import os
 import re
 import resource
@@ -40,6 +41,16 @@ def rebound_bin():
     """REBOUND_BIN, relative to the repository root unless absolute."""
     path = Path(os.environ.get("REBOUND_BIN", "target/release/rebound"))
     return path if path.is_absolute() else REPO / path
+
+
+def rebound_ready(mnt):
+    """Whether `rebound status` calls the mount at mnt ready (see `MountStatus::ready`)."""
+    out = subprocess.run([str(rebound_bin()), "status", "--json"], capture_output=True,
+                         text=True, timeout=10)
+    with contextlib.suppress(ValueError):
+        return any(s.get("mountpoint") == str(mnt) and s.get("ready")
+                   for s in json.loads(out.stdout))
+    return False
 
 
 # Where the drivers of the suite are run from: the checkout until install_programs() copies
@@ -652,6 +663,12 @@ class Mount:
         if expect_exit:
             # The parent exits once its daemon child has mounted.
             self.proc.wait(timeout=STOP_TIMEOUT)
+        if self.mode == "rebound":
+            # What `mount -t rebound.DRIVER` waits for, as the direct mount waits for the
+            # parent of a daemonizing driver (gocryptfs deadlocks on a request that comes
+            # before its own first look at the mount).
+            wait_for(lambda: self.proc.poll() is not None or rebound_ready(self.mnt),
+                     MOUNT_TIMEOUT, interval=0.02)
         self._arm_watchdog()
         # The processes serving the mount: every process that names the mount point (the
         # driver; rebound too in rebound mode) and what they started (sshfs's ssh).

@@ -42,8 +42,10 @@ pub(super) struct Beside {
     /// rebound's references to the driver's `/dev/fuse` descriptors: while one is open, the
     /// requests the driver read stay with the kernel when the driver dies.
     devices: Mutex<Vec<OwnedFd>>,
-    /// The connection's directory in fusectl (`/sys/fs/fuse/connections/N`).
-    control: std::path::PathBuf,
+    /// The connection's files in fusectl (`/sys/fs/fuse/connections/N`), opened while the
+    /// connection is known to live: once it is gone they read and act on nothing, where a
+    /// path would name whichever mount has the number next (numbers are reused at once).
+    control: Option<Control>,
     /// When a request last ended, for the hang check.
     last_end: Mutex<Instant>,
     /// Where the connection is mounted, for the liveness probe.
@@ -52,6 +54,27 @@ pub(super) struct Beside {
     probe: Mutex<Option<Probe>>,
     /// When the counts by opcode were last read (see [`COUNT_EVERY`]).
     counted: Mutex<Instant>,
+    /// rebound ended the connection itself ([`Beside::end_connection`]): the mount is dead
+    /// but still mounted, for rebound to unmount.
+    ended: AtomicBool,
+}
+
+/// A connection's `abort` and `waiting` files in fusectl.
+struct Control {
+    abort: std::fs::File,
+    waiting: std::fs::File,
+}
+
+impl Control {
+    fn open(connection: u32) -> std::io::Result<Control> {
+        let dir = std::path::PathBuf::from(format!("/sys/fs/fuse/connections/{connection}"));
+        Ok(Control {
+            abort: std::fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join("abort"))?,
+            waiting: std::fs::File::open(dir.join("waiting"))?,
+        })
+    }
 }
 
 /// How often the observer's counts by opcode go to the metrics: a map read per opcode.
@@ -93,22 +116,33 @@ impl Beside {
         Beside {
             observer: Mutex::new(Some(observer)),
             devices: Mutex::new(vec![device]),
-            control: format!("/sys/fs/fuse/connections/{connection}").into(),
+            control: Control::open(connection)
+                .inspect_err(|e| tracing::warn!("opening connection {connection} in fusectl: {e}"))
+                .ok(),
             last_end: Mutex::new(Instant::now()),
             mountpoint,
             probe: Mutex::new(None),
             counted: Mutex::new(Instant::now()),
+            ended: AtomicBool::new(false),
         }
     }
 
     /// Ends the connection (fusectl's `abort`): the driver's reads fail with `ENODEV`, as
     /// they do once a mount is gone. A driver that unmounted waits for that, and a copy of the
     /// mount in its own namespace (see `supervisor::intercept`) keeps the connection open.
-    /// Only while the connection lives: its number names another's once it is gone.
+    /// A connection already gone is left alone (the kernel ignores the write).
     pub(super) fn end_connection(&self) {
-        if let Err(e) = std::fs::write(self.control.join("abort"), "1") {
-            tracing::warn!("ending the connection through fusectl: {e}");
+        use std::io::Write;
+        let Some(control) = &self.control else { return };
+        match (&control.abort).write_all(b"1") {
+            Ok(()) => self.ended.store(true, Ordering::Relaxed),
+            Err(e) => tracing::warn!("ending the connection through fusectl: {e}"),
         }
+    }
+
+    /// Whether rebound ended the connection (see [`Beside::end_connection`]).
+    pub(super) fn ended(&self) -> bool {
+        self.ended.load(Ordering::Relaxed)
     }
 
     /// Keeps a reference to another of the driver's descriptors on the connection.
@@ -123,11 +157,10 @@ impl Beside {
 
     /// How many requests of the connection wait for an answer (fusectl's `waiting`).
     fn waiting(&self) -> Option<u64> {
-        std::fs::read_to_string(self.control.join("waiting"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        use std::os::unix::fs::FileExt;
+        let mut text = [0u8; 24];
+        let n = self.control.as_ref()?.waiting.read_at(&mut text, 0).ok()?;
+        std::str::from_utf8(&text[..n]).ok()?.trim().parse().ok()
     }
 
     /// Whether requests wait and none has ended for `quiet`.

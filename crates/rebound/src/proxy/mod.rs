@@ -725,16 +725,18 @@ impl Proxy {
     /// their reader threads before exiting (go-fuse) need this.
     pub fn disconnect_driver(&self) {
         if let Some(beside) = self.shared.beside.as_ref().filter(|b| b.active()) {
-            // Once the mount is gone, so is the connection, and its number may be another
-            // mount's already (numbers are reused at once): ending it by number would end that.
-            if !self.kernel_gone() {
-                beside.end_connection();
-            }
+            beside.end_connection();
             return;
         }
         if let Some((driver, _)) = self.shared.link().current() {
             let _ = rustix::net::shutdown(&**driver, rustix::net::Shutdown::Both);
         }
+    }
+
+    /// Whether rebound ended the connection itself (fast mode, a driver that unmounted): the
+    /// mount is dead, and still mounted until rebound unmounts it.
+    pub fn connection_ended(&self) -> bool {
+        self.shared.beside.as_ref().is_some_and(|b| b.ended())
     }
 
     /// The driver failed (`cause` says how): from now on requests wait for its successor, and

@@ -15,6 +15,10 @@ use crate::proxy::ProxyEvent;
 /// How long the status waits for a process of a driver that answered INIT to read its
 /// channel before it names the likeliest one anyway.
 const SETTLE: Duration = Duration::from_millis(500);
+/// How long the mount's readiness waits for the process rebound started to exit once a
+/// process of its own serves: a daemonizing driver's parent (gocryptfs) exits when its daemon
+/// tells it the mount works, which is when the driver run directly would return.
+const PARENT_WAIT: Duration = Duration::from_secs(5);
 
 /// What the status is to say once the driver's serving process is known.
 #[derive(Debug, Clone, Copy)]
@@ -25,11 +29,11 @@ pub(super) enum Announcement {
     Recovered { upgraded: bool },
 }
 
-/// An announcement waiting for its serving process, until `until`.
+/// An announcement waiting for its serving process, from `since`.
 #[derive(Debug)]
 pub(super) struct PendingAnnouncement {
     what: Announcement,
-    until: Instant,
+    since: Instant,
 }
 
 impl Run<'_> {
@@ -37,13 +41,16 @@ impl Run<'_> {
     /// reads the channel, or after SETTLE. A daemonizing driver (gocryptfs) answers INIT
     /// from its child while its parent, which rebound started and which leads the session,
     /// still holds the channel: named then, the status would name a process about to exit.
+    /// The mount is ready once that parent has exited (see [`PARENT_WAIT`]): go-fuse drivers
+    /// open a file of their own mount then (its "poll hack"), and gocryptfs deadlocks if a
+    /// request that changes its user id comes first.
     fn announce(&mut self, what: Announcement) {
         if let Some(earlier) = self.announcing.take() {
             self.publish(earlier.what, None);
         }
         self.announcing = Some(PendingAnnouncement {
             what,
-            until: Instant::now() + SETTLE,
+            since: Instant::now(),
         });
         self.settle_announcement();
     }
@@ -56,7 +63,13 @@ impl Run<'_> {
         };
         let holder = self.channel_holder(s.channel_inode);
         let serving = matches!(self.phase, Phase::Serving);
-        if serving && Instant::now() < pending.until && !holder.is_some_and(|h| h.reading) {
+        let waited = pending.since.elapsed();
+        let unsettled = waited < SETTLE && !holder.is_some_and(|h| h.reading);
+        let parent_waits = matches!(pending.what, Announcement::Ready)
+            && waited < PARENT_WAIT
+            && self.driver_exit.is_none()
+            && holder.is_some_and(|h| h.pid != self.driver_pid);
+        if serving && (unsettled || parent_waits) {
             return;
         }
         let what = pending.what;
@@ -416,16 +429,15 @@ impl Run<'_> {
                 let failed = self
                     .driver_exit
                     .filter(|e| driver_initiated && !killed && *e != Exit::Code(0));
-                // Whether the mount has served: a driver that fails before it answers anything
-                // (sshfs that cannot reach its server) ends the run with its exit status.
-                let served = self.served.as_ref().is_some_and(|s| {
-                    s.proxy
-                        .stats
-                        .replies
-                        .load(std::sync::atomic::Ordering::Relaxed)
-                        > 0
-                });
-                if let (Some(exit), true) = (failed, served) {
+                // Whether the mount has served: a driver that fails before it answers INIT
+                // (sshfs that cannot reach its server) ends the run with its exit status. So
+                // does one whose connection rebound ended (fast mode): nothing is left to
+                // serve.
+                let restartable = self
+                    .served
+                    .as_ref()
+                    .is_some_and(|s| s.proxy.initialized() && !s.proxy.connection_ended());
+                if let (Some(exit), true) = (failed, restartable) {
                     // It asked to unmount and then failed: a crash on its way out (a Rust
                     // driver's panic unwinds into its unmount). The mount is still rebound's:
                     // the driver is restarted.
@@ -438,7 +450,7 @@ impl Run<'_> {
                 }
                 if let Some(s) = &self.served {
                     log_stats(s);
-                    if driver_initiated {
+                    if driver_initiated || s.proxy.connection_ended() {
                         unmount(&s.mountpoint);
                     }
                 }
