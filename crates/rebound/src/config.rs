@@ -165,10 +165,10 @@ pub struct SandboxConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
-    #[default]
     Guarded,
     Fast,
     /// Fast unless the redo log is kept (it must see every change before the kernel does).
+    #[default]
     Auto,
 }
 
@@ -292,7 +292,7 @@ impl Default for Config {
         Config {
             learn: None,
             source: None,
-            mode: Mode::Guarded,
+            mode: Mode::Auto,
             mount_timeout_ms: 30_000,
             stop_timeout_ms: 60_000,
             request_timeout_ms: 60_000,
@@ -602,13 +602,14 @@ mod tests {
 
     #[test]
     fn the_mode_is_read_and_fast_refuses_a_redo_log() {
-        assert_eq!(Config::parse("").unwrap().mode, Mode::Guarded);
+        assert_eq!(Config::parse("").unwrap().mode, Mode::Auto);
         assert_eq!(Config::parse("mode = \"fast\"").unwrap().mode, Mode::Fast);
         assert!(Config::parse("mode = \"auto\"").unwrap().fast());
         assert!(!Config::parse("mode = \"auto\"\nredo_log = true")
             .unwrap()
             .fast());
-        assert!(!Config::parse("").unwrap().fast());
+        assert!(Config::parse("").unwrap().fast());
+        assert!(!Config::parse("mode = \"guarded\"").unwrap().fast());
         let err = Config::parse("mode = \"fast\"\nredo_log = true").unwrap_err();
         assert!(err.starts_with("mode:"), "{err}");
         let err = Config::parse("mode = \"quick\"").unwrap_err();
