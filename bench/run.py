@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
-"""The side-by-side benchmark: each workload on three targets in one run, interleaved.
+"""The side-by-side benchmark: each workload on every target in one run, interleaved.
 
-Owns: the three targets of one driver's data (the kernel's own file system: the backing
-directory bind-mounted or the ext4 image loop-mounted; the driver mounted directly; the driver
-under rebound), the workloads, running them on the targets in rotation, and the results: JSON
+Owns: the targets of one driver's data (the kernel's own file system: the backing directory
+bind-mounted or the ext4 image loop-mounted; the driver mounted directly; the driver under
+rebound, once per data path: `rebound-fast` and `rebound-guarded`), the workloads, running them on the targets in rotation, and the results: JSON
 lines per run, a Markdown table of medians, spreads and ratios (rebound/direct, direct/kernel)
-with rebound's CPU time per request, and a PNG chart of the rebound/direct ratios. Also the
+per mode, with rebound's CPU time per request, and a PNG chart of the rebound/direct ratios. Also the
 helpers the recovery benchmark shares (the rebound binary, its status).
 
     bench/run.py [--drivers passthrough_ll,fuse2fs,sshfs] [--reps 3] [--quick] [--out DIR]
-                 [--mode guarded|fast]   (rebound's data path: `mode` in its config)
+                 [--modes fast,guarded]   (rebound's data paths: `mode` in its config)
 
-BENCH_EXTRA_CONFIG, if set, is appended to the rebound target's config (an experiment's
+BENCH_EXTRA_CONFIG, if set, is appended to the rebound targets' config (an experiment's
 settings, e.g. `[sandbox]` `profile = "off"` to measure what the sandbox costs).
     bench/run.py --report bench/results/RUN.jsonl...   (table and chart again, no run)
 
@@ -46,7 +46,8 @@ REPO = mounts.REPO
 REBOUND = mounts.rebound_bin()
 LUA_SRC = REPO / "tests" / ".build" / "lua-src"  # tests/setup.sh unpacks it
 DRIVERS = ("passthrough_ll", "fuse2fs", "sshfs")
-TARGETS = ("kernel", "direct", "rebound")
+BASELINES = ("kernel", "direct")
+MODES = ("fast", "guarded")  # rebound's data paths; the first is its default (`mode = "auto"`)
 GOAL = 0.95  # rebound/direct, issue 5
 CHART_TOP = 1.5  # the chart's y range ends here; a larger ratio is written on its bar
 
@@ -68,13 +69,24 @@ def rebound_status(mnt):
         return None
 
 
-class Target:
-    """One of the three ways to reach the same data; `start` mounts it, `stop` unmounts.
-    All three use the same directory, so the paths the workloads see are the same too."""
+def rebound_target(mode):
+    return f"rebound-{mode}"
 
-    def __init__(self, driver, kind, work, sshd, config=None):
-        self.driver, self.kind, self.work, self.sshd = driver, kind, work, sshd
-        self.config = config if kind == "rebound" else None
+
+def targets_of(modes):
+    return list(BASELINES) + [rebound_target(m) for m in modes]
+
+
+class Target:
+    """One of the ways to reach the same data (`kernel`, `direct`, `rebound-MODE`); `start`
+    mounts it, `stop` unmounts. All use the same directory, so the paths the workloads see are
+    the same too."""
+
+    def __init__(self, driver, name, work, sshd, extra_config=""):
+        self.driver, self.name, self.work, self.sshd = driver, name, work, sshd
+        self.kind = "rebound" if name.startswith("rebound-") else name  # as mounts.Mount says
+        self.config = (f'mode = "{name.removeprefix("rebound-")}"\n' + extra_config
+                       if self.kind == "rebound" else None)
         self.mnt = work / "mnt"
         self.mount = None  # a mounts.Mount for the direct and rebound targets
 
@@ -378,8 +390,9 @@ def run(args, meta, sink):
             work = work_root / driver
             work.mkdir()
             mounts.Mount(driver, "direct", work).prepare(q["image"])  # mnt/, src/ or the image
-            config = f'mode = "{args.mode}"\n' + os.environ.get("BENCH_EXTRA_CONFIG", "")
-            targets = {kind: Target(driver, kind, work, sshd, config) for kind in TARGETS}
+            extra = os.environ.get("BENCH_EXTRA_CONFIG", "")
+            names = targets_of(args.modes)
+            targets = {n: Target(driver, n, work, sshd, extra) for n in names}
             targets["direct"].start()
             try:
                 q["o_direct"] = supports_o_direct(targets["direct"].mnt)
@@ -391,9 +404,9 @@ def run(args, meta, sink):
                           file=sys.stderr)
                     continue
                 for rep in range(args.reps):
-                    order = TARGETS[rep % 3:] + TARGETS[:rep % 3]
-                    for kind in order:
-                        row = measure(targets[kind], name, rep, q)
+                    k = rep % len(names)
+                    for target in names[k:] + names[:k]:
+                        row = measure(targets[target], name, rep, q)
                         results.append(row)
                         line = json.dumps(row)
                         print(line, flush=True)
@@ -409,7 +422,7 @@ def run(args, meta, sink):
 
 def measure(t, name, rep, q):
     """One workload on one target, mounted for it alone."""
-    row = {"driver": t.driver, "workload": name, "target": t.kind, "rep": rep,
+    row = {"driver": t.driver, "workload": name, "target": t.name, "rep": rep,
            "loadavg": os.getloadavg()[0]}
     begun = time.monotonic()
     if name in READS:
@@ -445,10 +458,22 @@ def spread(xs, form=fmt):
     return f"{form(min(xs))}–{form(max(xs))}" if len(xs) > 1 else ""
 
 
+def rebound_targets(results):
+    """The rebound targets of the results, the default mode's first."""
+    present = {r["target"] for r in results}
+    known = [rebound_target(m) for m in MODES]
+    return sorted((t for t in present if t.startswith("rebound-")),
+                  key=lambda t: (known.index(t) if t in known else len(known), t))
+
+
 def summarize(results):
-    """Per (driver, workload, metric): medians, spreads, ratios and rebound's CPU per request,
-    in the order of DRIVERS and WORKLOADS."""
+    """Per (driver, workload, metric): medians and spreads per target, and per rebound target
+    its ratio to direct (of the medians, and per repetition) and its CPU per request, in the
+    order of DRIVERS and WORKLOADS."""
     ok = [r for r in results if "error" not in r]
+    rebounds = rebound_targets(ok)
+    targets = list(BASELINES) + rebounds
+
     def order(names, known):
         return known.index(names) if names in known else len(known)
     keys = sorted({(r["driver"], r["workload"]) for r in ok},
@@ -456,55 +481,59 @@ def summarize(results):
     out = []
     for driver, workload in keys:
         rows = [r for r in ok if r["driver"] == driver and r["workload"] == workload]
-        by = {t: [r for r in rows if r["target"] == t] for t in TARGETS}
+        by = {t: [r for r in rows if r["target"] == t] for t in targets}
         if not all(by.values()):
             continue
         metrics = [k for k in rows[0] if k not in ROW_KEYS and not isinstance(rows[0][k], str)]
         notes = sorted({f"{r['target']}: {r[k]}" for r in rows for k in r
                         if k not in ROW_KEYS and isinstance(r[k], str)})
-        cpu = [r["rebound_cpu_s"] / r["rebound_requests"] * 1e6 for r in by["rebound"]
-               if r.get("rebound_requests")]
+        cpu, requests = {}, {}
+        for t in rebounds:
+            counted = [r for r in by[t] if r.get("rebound_requests")]
+            cpu[t] = (statistics.median(r["rebound_cpu_s"] / r["rebound_requests"] * 1e6
+                                        for r in counted) if counted else None)
+            requests[t] = (statistics.median(r["rebound_requests"] for r in counted)
+                           if counted else None)
         for metric in metrics:
-            vals = {t: [r[metric] for r in by[t]] for t in TARGETS}
+            vals = {t: [r[metric] for r in by[t]] for t in targets}
             med = {t: statistics.median(v) for t, v in vals.items()}
 
             def ratio(a, b):  # "how much of b's performance a reaches": > 1 is faster
                 return b / a if lower_is_better(metric) else a / b
             direct = {r["rep"]: r[metric] for r in by["direct"]}
-            paired = [ratio(r[metric], direct[r["rep"]]) for r in by["rebound"]
-                      if r["rep"] in direct]
             out.append({"driver": driver, "workload": workload, "metric": metric,
                         "n": min(len(v) for v in vals.values()), "median": med, "values": vals,
-                        "rebound/direct": ratio(med["rebound"], med["direct"]),
-                        "paired": paired,
+                        "ratio": {t: ratio(med[t], med["direct"]) for t in rebounds},
+                        "paired": {t: [ratio(r[metric], direct[r["rep"]]) for r in by[t]
+                                       if r["rep"] in direct] for t in rebounds},
                         "direct/kernel": ratio(med["direct"], med["kernel"]),
-                        "cpu_us_per_request": statistics.median(cpu) if cpu else None,
-                        "requests": statistics.median(r["rebound_requests"]
-                                                      for r in by["rebound"]
-                                                      if r.get("rebound_requests")) if cpu
-                        else None,
-                        "notes": notes})
+                        "cpu_us_per_request": cpu, "requests": requests, "notes": notes})
     return out
 
 
+def ratio_cell(s, t):
+    rd = s["ratio"][t]
+    return (f"**{rd:.2f}**" + (" ✗" if rd < GOAL else "")
+            + (f" ({spread(s['paired'][t], lambda x: f'{x:.2f}')})" if s["n"] > 1 else ""))
+
+
 def table(results):
-    lines = ["| driver | workload | metric | n | kernel | direct | rebound | **rebound/direct** "
-             "(per-rep min–max) | direct/kernel | rebound CPU µs/request (requests) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    rebounds = rebound_targets([r for r in results if "error" not in r])
+    targets = list(BASELINES) + rebounds
+    lines = ["| driver | workload | metric | n | " + " | ".join(targets) + " | "
+             + " | ".join(f"**{t}/direct** (per-rep min–max)" for t in rebounds)
+             + " | direct/kernel | "
+             + " | ".join(f"{t} CPU µs/request (requests)" for t in rebounds) + " |",
+             "|---|---|---|---|" + "---|" * (2 * len(targets) - 1)]
     notes = []
     for s in summarize(results):
         cells = [f"{fmt(s['median'][t])} ({spread(s['values'][t])})" if s["n"] > 1
-                 else fmt(s["median"][t]) for t in TARGETS]
-        rd = s["rebound/direct"]
-        mark = "" if rd >= GOAL else " ✗"
-        cpu = (f"{s['cpu_us_per_request']:.1f} ({s['requests']:.0f})"
-               if s["cpu_us_per_request"] is not None else "–")
+                 else fmt(s["median"][t]) for t in targets]
+        cpu = [f"{s['cpu_us_per_request'][t]:.1f} ({s['requests'][t]:.0f})"
+               if s["cpu_us_per_request"][t] is not None else "–" for t in rebounds]
         lines.append(f"| {s['driver']} | {s['workload']} | {s['metric']} | {s['n']} | "
-                     + " | ".join(cells)
-                     + f" | **{rd:.2f}**{mark}"
-                     + (f" ({spread(s['paired'], lambda x: f'{x:.2f}')})" if s["n"] > 1 else "")
-                     + " | "
-                       f"{s['direct/kernel']:.2f} | {cpu} |")
+                     + " | ".join(cells + [ratio_cell(s, t) for t in rebounds]
+                                  + [f"{s['direct/kernel']:.2f}"] + cpu) + " |")
         if s["notes"] and s["metric"] == "MiB/s":
             how = sorted({n.split(": ", 1)[1] for n in s["notes"]})
             notes.append(f"- {s['driver']} {s['workload']}: "
@@ -517,75 +546,70 @@ def table(results):
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
-def ratio_table(results):
-    """Markdown: rebound/direct per workload metric (rows) and driver (columns), with the
+def ratio_table(results, target):
+    """Markdown: `target`/direct per workload metric (rows) and driver (columns), with the
     per-repetition min–max; the summary the README quotes."""
-    summary = summarize(results)
+    summary = [s for s in summarize(results) if target in s["ratio"]]
     drivers = list(dict.fromkeys(s["driver"] for s in summary))
     rows = list(dict.fromkeys((s["workload"], s["metric"]) for s in summary))
     cell = {(s["driver"], s["workload"], s["metric"]): s for s in summary}
     lines = ["| workload | metric | " + " | ".join(drivers) + " |",
              "|---|---|" + "---|" * len(drivers)]
     for workload, metric in rows:
-        cells = []
-        for d in drivers:
-            s = cell.get((d, workload, metric))
-            if s is None:
-                cells.append("–")
-                continue
-            rd = s["rebound/direct"]
-            cells.append(f"**{rd:.2f}**" + (" ✗" if rd < GOAL else "")
-                         + (f" ({spread(s['paired'], lambda x: f'{x:.2f}')})"
-                            if s["n"] > 1 else ""))
+        cells = [ratio_cell(cell[(d, workload, metric)], target)
+                 if (d, workload, metric) in cell else "–" for d in drivers]
         lines.append(f"| {workload} | {metric} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    below = sum(s["ratio"][target] < GOAL for s in summary)
+    return "\n".join(lines) + f"\n\n{len(summary) - below} of {len(summary)} rows ≥ {GOAL}."
 
 
 def chart(results, path):
-    """Bars of rebound/direct per workload metric and driver (ratio of medians; whiskers: the
-    per-repetition min–max), with the goal line."""
+    """Bars of rebound/direct per workload metric and driver, one panel per mode (ratio of
+    medians; whiskers: the per-repetition min–max), with the goal line."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     summary = summarize(results)
-    labels = list(dict.fromkeys(f"{s['workload']}" + ("" if s["metric"] in ("MiB/s", "ops/s",
-                                                                            "s")
-                                                      else f" {s['metric']}")
-                                for s in summary))
+    rebounds = rebound_targets([r for r in results if "error" not in r])
+
+    def label(s):
+        return s["workload"] + ("" if s["metric"] in ("MiB/s", "ops/s", "s") else f" {s['metric']}")
+    labels = list(dict.fromkeys(label(s) for s in summary))
     drivers = list(dict.fromkeys(s["driver"] for s in summary))
     width = 0.8 / max(1, len(drivers))
-    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(labels) + 2), 5))
-    for k, driver in enumerate(drivers):
-        xs, ys, lo, hi = [], [], [], []
-        for s in summary:
-            if s["driver"] != driver:
-                continue
-            label = s["workload"] + ("" if s["metric"] in ("MiB/s", "ops/s", "s")
-                                     else f" {s['metric']}")
-            x = labels.index(label) + (k - (len(drivers) - 1) / 2) * width
-            y = s["rebound/direct"]
-            xs.append(x)
-            ys.append(y)
-            lo.append(max(0.0, y - min(s["paired"] or [y])))
-            hi.append(max(0.0, max(s["paired"] or [y]) - y))
-        ax.bar(xs, [min(y, CHART_TOP) for y in ys], width, label=driver,
-               yerr=[[v if y <= CHART_TOP else 0 for y, v in zip(ys, lo)],
-                     [v if y + v <= CHART_TOP else 0 for y, v in zip(ys, hi)]],
-               capsize=2, error_kw={"elinewidth": 0.8})
-        for x, y in zip(xs, ys):
-            if y > CHART_TOP:  # off the scale: the bar is cut, its value written on it
-                ax.text(x, CHART_TOP * 0.98, f"{y:.1f}", ha="center", va="top", fontsize=7,
-                        rotation=90, color="white")
-    ax.axhline(GOAL, color="red", linestyle="--", linewidth=1, label=f"goal {GOAL}")
-    ax.axhline(1.0, color="grey", linewidth=0.6)
-    ax.set_ylim(0, CHART_TOP)
-    ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(labels, rotation=40, ha="right", fontsize=8)
-    ax.set_ylabel("rebound / direct (higher is better)")
-    ax.set_title("rebound vs. the same driver mounted directly, same run")
-    ax.legend(fontsize=8, ncol=len(drivers) + 1, loc="upper center",
-              bbox_to_anchor=(0.5, -0.32), frameon=False)
-    ax.grid(True, axis="y", alpha=0.3)
+    fig, axes = plt.subplots(len(rebounds), 1, squeeze=False, sharex=True,
+                             figsize=(max(8, 0.7 * len(labels) + 2), 3.2 * len(rebounds) + 1.8))
+    for ax, target in zip(axes[:, 0], rebounds):
+        for k, driver in enumerate(drivers):
+            xs, ys, lo, hi = [], [], [], []
+            for s in summary:
+                if s["driver"] != driver:
+                    continue
+                y = s["ratio"][target]
+                xs.append(labels.index(label(s)) + (k - (len(drivers) - 1) / 2) * width)
+                ys.append(y)
+                lo.append(max(0.0, y - min(s["paired"][target] or [y])))
+                hi.append(max(0.0, max(s["paired"][target] or [y]) - y))
+            ax.bar(xs, [min(y, CHART_TOP) for y in ys], width, label=driver,
+                   yerr=[[v if y <= CHART_TOP else 0 for y, v in zip(ys, lo)],
+                         [v if y + v <= CHART_TOP else 0 for y, v in zip(ys, hi)]],
+                   capsize=2, error_kw={"elinewidth": 0.8})
+            for x, y in zip(xs, ys):
+                if y > CHART_TOP:  # off the scale: the bar is cut, its value written on it
+                    ax.text(x, CHART_TOP * 0.98, f"{y:.1f}", ha="center", va="top",
+                            fontsize=7, rotation=90, color="white")
+        ax.axhline(GOAL, color="red", linestyle="--", linewidth=1, label=f"goal {GOAL}")
+        ax.axhline(1.0, color="grey", linewidth=0.6)
+        ax.set_ylim(0, CHART_TOP)
+        ax.set_ylabel(f"{target} / direct")
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0, 0].set_title("rebound vs. the same driver mounted directly, same run "
+                         "(higher is better)")
+    last = axes[-1, 0]
+    last.set_xticks(range(len(labels)))
+    last.set_xticklabels(labels, rotation=40, ha="right", fontsize=8)
+    last.legend(fontsize=8, ncol=len(drivers) + 1, loc="upper center",
+                bbox_to_anchor=(0.5, -0.45), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -594,14 +618,22 @@ def chart(results, path):
 def load(paths):
     metas, rows = [], []
     for path in paths:
+        mode = "guarded"
         for line in Path(path).read_text().splitlines():
             obj = json.loads(line)
-            (metas if "meta" in obj else rows).append(obj.get("meta", obj))
+            if "meta" in obj:
+                metas.append(obj["meta"])
+                mode = obj["meta"].get("mode", mode)
+            else:
+                if obj.get("target") == "rebound":  # a run of one mode (before 2026-11-27)
+                    obj["target"] = rebound_target(mode)
+                rows.append(obj)
     return metas, rows
 
 
 def render(metas, results, command, png=None):
-    runs = ", ".join(f"{m['started']} (commit {m['commit']}, mode {m.get('mode', 'guarded')}, "
+    runs = ", ".join(f"{m['started']} (commit {m['commit']}, "
+                     f"modes {', '.join(m.get('modes') or [m.get('mode', 'guarded')])}, "
                      f"`{m['command']}`)" for m in metas)
     m = metas[0]
     machine = m.get("cpu_model", m["machine"])
@@ -615,15 +647,18 @@ def render(metas, results, command, png=None):
         + ".\n\n"
         f"Rendered by: `{command}`\n\n"
         f"{m['reps']} repetitions per target, interleaved (the target order rotates each "
-        "repetition); each measurement on a fresh mount. Cells: median (min–max). "
-        "rebound/direct is the ratio of the medians, > 1 is faster (for seconds and µs, the "
+        "repetition); each measurement on a fresh mount. rebound-fast and rebound-guarded are "
+        "rebound in its two data paths (`mode` in its config; fast is the default). Cells: "
+        "median (min–max). rebound/direct is the ratio of the medians, > 1 is faster (for seconds and µs, the "
         "inverse), with the min–max of the ratios of the same repetition in parentheses; ✗ "
         f"marks a ratio under the goal of {GOAL}. CPU µs/request: rebound's user+system time "
         "during the workload divided by the requests it forwarded (median over repetitions; "
-        "the median request count in parentheses). Sync fio jobs use psync and the page cache; "
+        "the median request count in parentheses; in fast mode, the requests the observer saw "
+        "end). Sync fio jobs use psync and the page cache; "
         "*qd16* jobs use the engine named below the table.\n\n"
-        f"rebound/direct at a glance:\n\n{ratio_table(results)}\n\nAll numbers:\n\n"
-        f"{table(results)}\n")
+        + "".join(f"{t}/direct at a glance:\n\n{ratio_table(results, t)}\n\n"
+                  for t in rebound_targets([r for r in results if "error" not in r]))
+        + f"All numbers:\n\n{table(results)}\n")
     if png:
         text += f"\n![rebound/direct per workload and driver]({png})\n"
     return text
@@ -651,16 +686,12 @@ def plot_with_matplotlib(plot, script, jsonl, png):
 
 
 def report(metas, results, out, command, jsonl):
-    """Writes latest.md and latest.png (the chart, given matplotlib) into out, or for fast
-    mode latest-fast.md and latest-fast.png; returns the Markdown."""
-    modes = {m.get("mode", "guarded") for m in metas}
-    if len(modes) > 1:
-        sys.exit("bench: one report per mode (the runs given mix " + ", ".join(sorted(modes)) + ")")
-    stem = "latest" if modes == {"guarded"} else f"latest-{modes.pop()}"
-    png = out / f"{stem}.png"
+    """Writes latest.md and latest.png (the chart, given matplotlib) into out; returns the
+    Markdown."""
+    png = out / "latest.png"
     plotted = plot_with_matplotlib(chart, __file__, jsonl, png)
     md = render(metas, results, command, png.name if plotted else None)
-    (out / f"{stem}.md").write_text(md)
+    (out / "latest.md").write_text(md)
     return md
 
 
@@ -681,8 +712,8 @@ def main():
     p.add_argument("--drivers", default=",".join(DRIVERS))
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--mode", choices=("guarded", "fast"), default="guarded",
-                   help="rebound's data path (its config's `mode`)")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="rebound's data paths to measure, each a target (its config's `mode`)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--report", nargs="+", metavar="JSONL",
@@ -702,22 +733,23 @@ def main():
         return
     args.drivers = args.drivers.split(",")
     args.workloads = args.workloads.split(",")
+    args.modes = args.modes.split(",")
     unknown = ([d for d in args.drivers if d not in DRIVERS]
-               + [w for w in args.workloads if w not in WORKLOADS])
+               + [w for w in args.workloads if w not in WORKLOADS]
+               + [m for m in args.modes if m not in MODES])
     if unknown:
-        sys.exit(f"bench: unknown driver(s) or workload(s): {', '.join(unknown)}")
+        sys.exit(f"bench: unknown driver(s), workload(s) or mode(s): {', '.join(unknown)}")
     if os.geteuid() != 0:
         sys.exit("bench: mounts file systems; run it as root")
     if not os.access(REBOUND, os.X_OK):
         sys.exit(f"bench: no rebound binary at {REBOUND} (cargo build --release, or REBOUND_BIN)")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    started_tag = f"{started}-{args.mode}" if args.mode != "guarded" else started
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     meta = {"started": started, "commit": commit, **machine_meta(), "reps": args.reps,
-            "quick": args.quick, "rebound": str(REBOUND), "mode": args.mode,
+            "quick": args.quick, "rebound": str(REBOUND), "modes": args.modes,
             "command": "bench/run.py " + " ".join(sys.argv[1:])}
-    path = out / f"{started_tag.replace(':', '')}.jsonl"
+    path = out / f"{started.replace(':', '')}.jsonl"
     with open(path, "w") as sink:
         results = run(args, meta, sink)
     print(report([meta], results, out, meta["command"], [path]))
