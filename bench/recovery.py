@@ -11,6 +11,7 @@ JSON lines, a Markdown table and a CDF plot.
     bench/recovery.py [--drivers fuse2fs,passthrough_ll,sshfs,gofuse]
                       [--kills 30 | --kills passthrough_ll=1000,fuse2fs=200,...]
                       [--remounts 100] [--settle 0.2] [--files 3000] [--out bench/results]
+                      [--fresh 20]   (also: fresh mounts killed once each, see below)
     bench/recovery.py --report bench/results/recovery-*.jsonl   (table and plot again)
 
 The workload (one thread): over and over, on a random file of the tree, stat it, read it
@@ -19,6 +20,10 @@ new content; a short sleep between operations keeps it light. Every error it see
 content mismatch counts as a failure; after the kills it reads every file back once more.
 Between kills the script waits until the mount is served again and its recovery latency has
 been recorded, then lets the workload run for a moment.
+
+The recovery out of fast mode happens once per mount, at its first failure (the mount is
+guarded from then on), so `--fresh N` also mounts each driver N more times and kills each
+once: those latencies are reported apart, with the data path each kill found.
 
 Mounting, the drivers' command lines and the private sshd come from tests/e2e/mounts.py; the
 polling helper, the rebound binary and its status from bench/run.py.
@@ -194,7 +199,7 @@ def measure(driver, args, sshd):
         load = Workload(m.mnt / "tree", args.files)
         load.populate()
         lat = Latencies()
-        nodes, kill_times = [], []
+        nodes, kill_times, paths = [], [], []
         load.start()
 
         def serving_again():
@@ -218,6 +223,7 @@ def measure(driver, args, sshd):
             st = rebound_status(m.mnt)
             lat.gather(st)
             nodes.append(st["nodes"])
+            paths.append(st.get("data_path", ""))
             kill_times.append(time.monotonic())
             os.kill(st["driver_pid"], signal.SIGKILL)
             seen = mounts.wait_for(
@@ -248,7 +254,7 @@ def measure(driver, args, sshd):
             "error_samples": [explain(e, kill_times) for e in load.errors[:10]],
             "nodes_median": sorted(nodes)[len(nodes) // 2] if nodes else None,
             "recovery_ms": lat.all, "recovery_phases_ms": lat.phases, "stall_ms": stalls,
-            "standby_takeovers": st.get("standby_takeovers", 0),
+            "standby_takeovers": st.get("standby_takeovers", 0), "data_paths": paths,
             "failures_by_cause": st.get("failures_by_cause", {}),
             "redo_log_max": st.get("redo_log_max"),
             "checkpoints": st.get("checkpoints"), "checkpoint_ms_max": st.get("checkpoint_ms_max"),
@@ -275,6 +281,24 @@ def measure(driver, args, sshd):
     finally:
         m.cleanup()
     return row
+
+
+def fresh_recoveries(driver, args, sshd):
+    """args.fresh mounts of driver, each killed once: the first failure's recovery (out of
+    fast mode where the mount starts fast). Returns the fields for the driver's row."""
+    once = argparse.Namespace(**{**vars(args), "kills": {driver: 1}})
+    got = {"fresh_recovery_ms": [], "fresh_stall_ms": [], "fresh_data_paths": [],
+           "fresh_workload_errors": 0, "fresh_errors": []}
+    for _ in range(args.fresh):
+        row = measure(driver, once, sshd)
+        if "error" in row:
+            got["fresh_errors"].append(row["error"][:300])
+            continue
+        got["fresh_recovery_ms"] += row["recovery_ms"][:1]
+        got["fresh_stall_ms"] += row["stall_ms"][:1]
+        got["fresh_data_paths"] += row["data_paths"][:1]
+        got["fresh_workload_errors"] += row["workload_errors"]
+    return got
 
 
 def remount_reference(driver, args, sshd):
@@ -393,6 +417,30 @@ def table(rows):
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
+def fresh_table(rows):
+    """The recoveries of fresh mounts killed once (`--fresh`)."""
+    rows = [r for r in rows if r.get("fresh_recovery_ms") or r.get("fresh_errors")]
+    if not rows:
+        return ""
+    lines = ["| driver | mounts killed | data path at the kill | workload errors | median ms | "
+             "p90 ms | max ms | app stall median / max ms |", "|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for r in rows:
+        name = LABELS.get(r["driver"], r["driver"])
+        lat, stall = r["fresh_recovery_ms"], r["fresh_stall_ms"]
+        paths = ", ".join(f"{p or '?'} {r['fresh_data_paths'].count(p)}"
+                          for p in sorted(set(r["fresh_data_paths"])))
+        lines.append(
+            f"| {name} | {len(lat)} | {paths} | **{r['fresh_workload_errors']}** | "
+            f"**{fmt(percentile(lat, 50) if lat else None)}** | "
+            f"{fmt(percentile(lat, 90) if lat else None)} | {fmt(max(lat) if lat else None)} | "
+            f"{fmt(percentile(stall, 50) if stall else None)} / "
+            f"{fmt(max(stall) if stall else None)} |")
+        for e in r["fresh_errors"][:3]:
+            notes.append(f"- {name}: a fresh mount failed: `{e}`")
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
 PHASES = ("reap", "backoff", "rollback", "pre_restart", "spawn", "init", "replay", "restore",
           "first_request")
 
@@ -454,6 +502,14 @@ def render(metas, rows, command, png=None):
                  "*init* the INIT replayed, *replay* the redo log, *restore* handles reopened "
                  "and requests settled, *first_request* until the first request served.\n\n"
                  f"{phases}\n")
+    fresh = fresh_table(rows)
+    if fresh:
+        text += ("\nThe first failure of a mount, on fresh mounts killed once each (`--fresh`): "
+                 "in fast mode (the default, unless a redo log is kept) this recovery also "
+                 "takes the kernel's queue over from the dead driver and resends the requests "
+                 "it had read; the mount is guarded from then on, so the kills above, after the "
+                 "first, recover a guarded mount.\n\n"
+                 f"{fresh}\n")
     if png:
         text += f"\n![CDF of recovery latency per driver]({png})\n"
     return text
@@ -497,6 +553,9 @@ def main():
     p.add_argument("--remounts", type=int, default=100,
                    help="plain unmount + remount cycles of the driver mounted directly (the "
                         "reference point; 0: none)")
+    p.add_argument("--fresh", type=int, default=0,
+                   help="fresh mounts per driver, each killed once (the recovery out of fast "
+                        "mode, which happens at a mount's first failure)")
     p.add_argument("--settle", type=float, default=0.2,
                    help="seconds of undisturbed workload between a recovery and the next kill")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -537,6 +596,7 @@ def main():
                             capture_output=True, text=True).stdout.strip()
     meta = {"started": started, "commit": commit, **machine_meta(), "kills": args.kills,
             "files": args.files, "remounts": args.remounts, "settle_s": args.settle,
+            "fresh": args.fresh,
             "rebound": str(mounts.rebound_bin()),
             "command": " ".join(["bench/recovery.py"] + sys.argv[1:])}
     out.mkdir(parents=True, exist_ok=True)
@@ -552,6 +612,10 @@ def main():
                 print(f"recovery: {driver}: {args.remounts} plain remounts ...", file=sys.stderr,
                       flush=True)
                 row.update(remount_reference(driver, args, sshd))
+                if args.fresh:
+                    print(f"recovery: {driver}: {args.fresh} fresh mounts, one kill each ...",
+                          file=sys.stderr, flush=True)
+                    row.update(fresh_recoveries(driver, args, sshd))
                 rows.append(row)
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
