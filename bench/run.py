@@ -25,6 +25,7 @@ tests/e2e/mounts.py.
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import mmap
@@ -56,6 +57,36 @@ def wait_for(cond, timeout, what):
     """Polls cond() until it is true; raises after timeout seconds."""
     if not mounts.wait_for(cond, timeout):
         raise RuntimeError(f"timed out waiting for {what}")
+
+
+SETTLE_QUIET = 0.3  # seconds in which a mount's processes use at most a clock tick: settled
+SETTLE_MAX = 10.0
+
+
+def settle(mnt):
+    """Waits until the processes serving the mount at mnt (those naming it, and theirs: the
+    driver, rebound, a standby driver and its ssh) have used at most one clock tick of CPU in
+    SETTLE_QUIET seconds, or SETTLE_MAX passed. Every target is measured settled: a rebound
+    mount starts its standby driver and its keeper once it serves, which a long-lived mount
+    does once, not at each workload."""
+    def ticks():
+        pids = set(mounts.procs_mentioning(mnt))
+        pids.update(*(mounts.descendants(p) for p in list(pids)))
+        total = 0
+        for pid in pids:
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+        return total
+
+    deadline = time.monotonic() + SETTLE_MAX
+    before = ticks()
+    while time.monotonic() < deadline:
+        time.sleep(SETTLE_QUIET)
+        now = ticks()
+        if now - before <= 1:
+            return
+        before = now
 
 
 def rebound_status(mnt):
@@ -112,6 +143,7 @@ class Target:
                 # status names it a moment later (its counters are read from there).
                 wait_for(lambda: (rebound_status(self.mnt) or {}).get("ready"), 10,
                          "rebound status: ready")
+            settle(self.mnt)
         except BaseException:
             self.abandon()
             raise
