@@ -59,21 +59,49 @@ pub(super) struct Beside {
     ended: AtomicBool,
 }
 
-/// A connection's `abort` and `waiting` files in fusectl.
+/// A connection's directory in fusectl, and its `abort` file. (`waiting` is opened anew for
+/// each read, in the directory held: fusectl's files cannot be read again at offset 0.)
 struct Control {
+    dir: OwnedFd,
     abort: std::fs::File,
-    waiting: std::fs::File,
 }
 
 impl Control {
     fn open(connection: u32) -> std::io::Result<Control> {
-        let dir = std::path::PathBuf::from(format!("/sys/fs/fuse/connections/{connection}"));
+        use rustix::fs::{openat, Mode, OFlags, CWD};
+        let dir = openat(
+            CWD,
+            format!("/sys/fs/fuse/connections/{connection}"),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let abort = openat(
+            &dir,
+            "abort",
+            OFlags::WRONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
         Ok(Control {
-            abort: std::fs::OpenOptions::new()
-                .write(true)
-                .open(dir.join("abort"))?,
-            waiting: std::fs::File::open(dir.join("waiting"))?,
+            dir,
+            abort: abort.into(),
         })
+    }
+
+    /// The `waiting` count; `None` once the connection is gone (the kernel empties its files).
+    fn waiting(&self) -> Option<u64> {
+        use rustix::fs::{openat, Mode, OFlags};
+        use std::io::Read;
+        let file = openat(
+            &self.dir,
+            "waiting",
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        );
+        let mut text = String::new();
+        std::fs::File::from(file.ok()?)
+            .read_to_string(&mut text)
+            .ok()?;
+        text.trim().parse().ok()
     }
 }
 
@@ -157,10 +185,7 @@ impl Beside {
 
     /// How many requests of the connection wait for an answer (fusectl's `waiting`).
     fn waiting(&self) -> Option<u64> {
-        use std::os::unix::fs::FileExt;
-        let mut text = [0u8; 24];
-        let n = self.control.as_ref()?.waiting.read_at(&mut text, 0).ok()?;
-        std::str::from_utf8(&text[..n]).ok()?.trim().parse().ok()
+        self.control.as_ref()?.waiting()
     }
 
     /// Whether requests wait and none has ended for `quiet`.
