@@ -244,11 +244,18 @@ def test_a_refused_reply_and_a_hang_are_recovered(mount, driver):
         refused = wait_serving(m, chaos.recovered_from(status["driver_pid"],
                                                        status["restarts"]))
         assert refused["failures_by_cause"].get("refused_reply") == 1, refused
-        assert chaos.signal_descendant(refused["driver_pid"], refused["rebound_pid"],
-                                       signal.SIGSTOP)
+
+        def stop_the_driver():
+            """The pid the status names, stopped; a daemonizing driver's (gocryptfs) may be its
+            parent, on its way out, until the status names the daemon."""
+            s = wait_serving(m)
+            return (s["driver_pid"] if chaos.signal_descendant(s["driver_pid"], s["rebound_pid"],
+                                                                signal.SIGSTOP) else None)
+
+        stopped = mounts.wait_for(stop_the_driver, 10)
+        assert stopped, wait_serving(m)
         assert workloads.read_uncached(m.mnt / "f") == data
-        hung = wait_serving(m, chaos.recovered_from(refused["driver_pid"],
-                                                    refused["restarts"]))
+        hung = wait_serving(m, chaos.recovered_from(stopped, refused["restarts"]))
         assert hung["failures_by_cause"].get("hang") == 1, hung
 
 
