@@ -72,6 +72,9 @@ pub enum Event {
     Forget { node: u64, count: u64, reader: u32 },
 }
 
+/// Slots of the BPF program's `started` array (a `__u64` each).
+const STARTED_SLOTS: usize = 4096;
+
 /// How many opcodes [`Observer::ended_by_opcode`] counts apart (as the BPF program does).
 pub const OPCODE_SLOTS: usize = 64;
 
@@ -81,7 +84,12 @@ pub struct Observer {
     _bpf: Ebpf,
     ring: RingBuf<MapData>,
     ended: Array<MapData, u64>,
-    started: aya::maps::HashMap<MapData, u64, u64>,
+    /// The `started` array's slots (the unique of a request that has not ended, or 0), mapped.
+    started: rebound_sys::bpf_map::SharedArray,
+    /// The uniques [`Observer::oldest_waiting`] last found there, and when each was first.
+    watched: std::collections::HashMap<u64, std::time::Instant>,
+    /// Holds the `started` map while it is mapped.
+    _started_map: MapData,
     connection: u32,
     mountpoint: PathBuf,
     /// Where its programs and maps are pinned, if they are (see [`Observer::attach`]).
@@ -178,8 +186,15 @@ impl Observer {
         let started = bpf
             .take_map("started")
             .ok_or_else(|| ObserveError::Load("no map `started`".into()))?;
-        let started =
-            aya::maps::HashMap::try_from(started).map_err(|e| ObserveError::Load(e.to_string()))?;
+        let started_map = match started {
+            aya::maps::Map::Array(data) => data,
+            _ => return Err(ObserveError::Load("the map `started` is not an array".into())),
+        };
+        let started = rebound_sys::bpf_map::SharedArray::map(
+            started_map.fd().as_fd(),
+            STARTED_SLOTS * 8,
+        )
+        .map_err(|e| ObserveError::Load(format!("mapping `started`: {e}")))?;
         let map = bpf
             .take_map("events")
             .ok_or_else(|| ObserveError::Load("no map `events`".into()))?;
@@ -189,6 +204,8 @@ impl Observer {
             ring,
             ended,
             started,
+            _started_map: started_map,
+            watched: std::collections::HashMap::new(),
             connection,
             mountpoint: mountpoint.to_path_buf(),
             pinned,
@@ -205,19 +222,21 @@ impl Observer {
         self.ended.get(&0, 0).unwrap_or(0)
     }
 
-    /// How long the oldest of the connection's requests that have not ended has waited since
-    /// it was sent (queued for the driver); `None` if none waits. One map read per request
-    /// waiting: for a periodic look.
-    pub fn oldest_waiting(&self) -> Option<std::time::Duration> {
-        let oldest = self
-            .started
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(_, at)| at)
-            .min()?;
-        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        let now = now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64;
-        Some(std::time::Duration::from_nanos(now.saturating_sub(oldest)))
+    /// How long the oldest of the connection's requests that have not ended has waited, as
+    /// these calls see it: since the first call that found it waiting (so up to one period of
+    /// the calls less than since it was sent). `None` if none waits. Reads every slot of the
+    /// mapped array (32 KiB): for a periodic look.
+    pub fn oldest_waiting(&mut self) -> Option<std::time::Duration> {
+        let now = std::time::Instant::now();
+        let mut watched = std::collections::HashMap::with_capacity(self.watched.len());
+        for slot in 0..STARTED_SLOTS {
+            let unique = self.started.word(slot);
+            if unique != 0 {
+                watched.insert(unique, self.watched.get(&unique).copied().unwrap_or(now));
+            }
+        }
+        self.watched = watched;
+        self.watched.values().min().map(|&first| now - first)
     }
 
     /// The same, by opcode: slot N counts opcode N (opcodes from `OPCODE_SLOTS - 1` up share

@@ -5,64 +5,19 @@
 //! so on a ring whose consumer has moved on it reads stale bytes as records without end (aya
 //! 0.13.1, `ProducerData::pos_cache`).
 //!
-//! Owns: the two mappings and the positions. Must not: parse records (the caller does).
+//! Owns: the positions. Must not: parse records (the caller does).
 
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
+use rustix::mm::ProtFlags;
+
+use crate::bpf_map::Mapping;
 
 /// `BPF_RINGBUF_HDR_SZ`: a record's length word (with the two bits below) and page offset.
 const HEADER: usize = 8;
 const BUSY: u32 = 1 << 31;
 const DISCARD: u32 = 1 << 30;
-
-/// A shared mapping of part of the ring map, unmapped when dropped.
-struct Mapping {
-    at: *mut std::ffi::c_void,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(map: BorrowedFd<'_>, len: usize, offset: u64, prot: ProtFlags) -> std::io::Result<Self> {
-        // SAFETY: a new shared mapping of the ring map's own pages, placed by the kernel (no
-        // address given, so nothing of this process is replaced); the kernel allows the
-        // consumer page read-write and the rest read-only, as asked.
-        let at = unsafe {
-            mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                MapFlags::SHARED,
-                map,
-                offset,
-            )?
-        };
-        Ok(Mapping { at, len })
-    }
-
-    /// The 8-aligned word at `offset`, which the kernel updates atomically.
-    fn word<T>(&self, offset: usize) -> &T {
-        assert!(offset + std::mem::size_of::<T>() <= self.len && offset.is_multiple_of(8));
-        // SAFETY: in bounds (asserted) of a live mapping, aligned (the mapping is
-        // page-aligned and the offset 8-aligned); `T` is an atomic the kernel also uses
-        // atomically.
-        unsafe { &*(self.at.cast::<u8>().add(offset).cast::<T>()) }
-    }
-
-    fn bytes(&self, offset: usize, len: usize) -> &[u8] {
-        assert!(offset + len <= self.len);
-        // SAFETY: in bounds (asserted) of a live mapping, read only while `self` lives.
-        unsafe { std::slice::from_raw_parts(self.at.cast::<u8>().add(offset), len) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: mapped by `new` with this length; no reference into it outlives `self`.
-        let _ = unsafe { munmap(self.at, self.len) };
-    }
-}
 
 /// Passes each record of the ring `map` (of `size` data bytes, a power of two) that is
 /// committed and not yet consumed to `each`, oldest first, and moves the consumer past them.

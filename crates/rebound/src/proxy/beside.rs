@@ -440,7 +440,7 @@ pub(super) fn hang(
     }
     // One request held while others are answered: its age, which the observer knows.
     let oldest = lock(&beside.observer)
-        .as_ref()
+        .as_mut()
         .and_then(Observer::oldest_waiting);
     if let Some(waited) = oldest.filter(|waited| *waited >= request_timeout) {
         return Some(format!(
