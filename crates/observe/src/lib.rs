@@ -1,8 +1,8 @@
 //! Sees one FUSE connection's requests and replies from beside the path: a BPF program on the
 //! kernel's `fuse_request_end` tracepoint copies each request's header and arguments as the
 //! wire carries them (and each FORGET a driver reads), into a ring buffer drained in batches;
-//! one on `fuse_request_send` notes when each request was sent, until it ends (for the oldest's
-//! age: [`Observer::oldest_waiting`]).
+//! one on `fuse_request_send` notes each request that waits, in a mapped array, until it ends
+//! (for the oldest's age: [`Observer::oldest_waiting`]).
 //! This is how rebound will keep its object tracker current while a driver serves the kernel's
 //! queue itself (the fast path, `docs/design.md`); `rebound observe` shows it on any mount.
 //!
