@@ -188,13 +188,15 @@ impl Observer {
             .ok_or_else(|| ObserveError::Load("no map `started`".into()))?;
         let started_map = match started {
             aya::maps::Map::Array(data) => data,
-            _ => return Err(ObserveError::Load("the map `started` is not an array".into())),
+            _ => {
+                return Err(ObserveError::Load(
+                    "the map `started` is not an array".into(),
+                ))
+            }
         };
-        let started = rebound_sys::bpf_map::SharedArray::map(
-            started_map.fd().as_fd(),
-            STARTED_SLOTS * 8,
-        )
-        .map_err(|e| ObserveError::Load(format!("mapping `started`: {e}")))?;
+        let started =
+            rebound_sys::bpf_map::SharedArray::map(started_map.fd().as_fd(), STARTED_SLOTS * 8)
+                .map_err(|e| ObserveError::Load(format!("mapping `started`: {e}")))?;
         let map = bpf
             .take_map("events")
             .ok_or_else(|| ObserveError::Load("no map `events`".into()))?;

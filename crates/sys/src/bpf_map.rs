@@ -16,7 +16,12 @@ pub(crate) struct Mapping {
 }
 
 impl Mapping {
-    pub(crate) fn new(map: BorrowedFd<'_>, len: usize, offset: u64, prot: ProtFlags) -> std::io::Result<Self> {
+    pub(crate) fn new(
+        map: BorrowedFd<'_>,
+        len: usize,
+        offset: u64,
+        prot: ProtFlags,
+    ) -> std::io::Result<Self> {
         // SAFETY: a new shared mapping of the map's own pages, placed by the kernel (no address
         // given, so nothing of this process is replaced), with the protection the caller asks
         // and the kernel allows for those pages.
@@ -73,7 +78,9 @@ impl SharedArray {
     /// Maps the first `bytes` bytes (a multiple of the page size) of the array `map`.
     pub fn map(map: BorrowedFd<'_>, bytes: usize) -> std::io::Result<SharedArray> {
         if bytes == 0 || !bytes.is_multiple_of(rustix::param::page_size()) {
-            return Err(std::io::Error::other(format!("mapping {bytes} bytes of an array")));
+            return Err(std::io::Error::other(format!(
+                "mapping {bytes} bytes of an array"
+            )));
         }
         Ok(SharedArray {
             mapping: Mapping::new(map, bytes, 0, ProtFlags::READ)?,
