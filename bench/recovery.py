@@ -45,8 +45,9 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent / "tests" / "e2e"))
 import mounts  # noqa: E402  (tests/e2e/mounts.py)
+from mounts import mount_status  # noqa: E402
 from run import (REPO, load, machine_meta, plot_with_matplotlib,  # noqa: E402  (bench/run.py)
-                 rebound_status, wait_for)
+                 wait_for)
 
 DRIVERS = ("fuse2fs", "passthrough_ll", "sshfs", "gofuse")
 # Also measurable (not by default): the packaged drivers of tests/e2e/test_drivers.py.
@@ -207,27 +208,27 @@ def measure(driver, args, sshd):
             until the latency of the last recovery is recorded: the workload's next request
             records it."""
             def serving():
-                st = rebound_status(m.mnt)
+                st = mount_status(m.mnt)
                 return (st and st["state"] == "serving" and st["restarts"] >= row["kills"]
                         and st["driver_pid"] and mounts.alive(st["driver_pid"]))
             wait_for(serving, 60, f"{driver} serving again after kill {row['kills']}")
 
             def measured():
-                lat.gather(rebound_status(m.mnt))
+                lat.gather(mount_status(m.mnt))
                 return len(lat.all) >= row["kills"]
             mounts.wait_for(measured, 5)
 
         while row["kills"] < kills and row["missed_kills"] < kills:
             serving_again()
             time.sleep(args.settle)
-            st = rebound_status(m.mnt)
+            st = mount_status(m.mnt)
             lat.gather(st)
             nodes.append(st["nodes"])
             paths.append(st.get("data_path", ""))
             kill_times.append(time.monotonic())
             os.kill(st["driver_pid"], signal.SIGKILL)
             seen = mounts.wait_for(
-                lambda: (rebound_status(m.mnt) or st)["failures"] > st["failures"], 10,
+                lambda: (mount_status(m.mnt) or st)["failures"] > st["failures"], 10,
                 interval=0.005)
             if seen:
                 row["kills"] += 1
@@ -239,7 +240,7 @@ def measure(driver, args, sshd):
         load.stop.set()
         load.join()
         load.verify_all()
-        st = rebound_status(m.mnt)
+        st = mount_status(m.mnt)
         lat.gather(st)
         # What the application saw around each kill: its longest operation that overlaps the
         # time from the kill to the next one (at most 5 s).

@@ -89,17 +89,6 @@ def settle(mnt):
         before = now
 
 
-def rebound_status(mnt):
-    """The `rebound status --json` entry of the mount at mnt, or None. Lists the mounts of
-    REBOUND_RUN_DIR's control sockets, so each benchmark sets its own."""
-    out = subprocess.run([str(REBOUND), "status", "--json"], capture_output=True, text=True,
-                         timeout=10)
-    try:
-        return next((s for s in json.loads(out.stdout) if s["mountpoint"] == str(mnt)), None)
-    except ValueError:
-        return None
-
-
 def rebound_target(mode):
     return f"rebound-{mode}"
 
@@ -141,8 +130,7 @@ class Target:
             if self.kind == "rebound":
                 # The mount is usable as soon as the driver's mount(2) returns; rebound's
                 # status names it a moment later (its counters are read from there).
-                wait_for(lambda: (rebound_status(self.mnt) or {}).get("ready"), 10,
-                         "rebound status: ready")
+                wait_for(lambda: mounts.rebound_ready(self.mnt), 10, "rebound status: ready")
             settle(self.mnt)
         except BaseException:
             self.abandon()
@@ -196,7 +184,7 @@ class Target:
             return None
         fields = Path(f"/proc/{self.mount.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        st = rebound_status(self.mnt)
+        st = mounts.mount_status(self.mnt)
         return cpu, (st or {}).get("requests")
 
 

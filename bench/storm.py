@@ -34,7 +34,8 @@ sys.path.insert(0, str(BENCH.parent / "tests" / "e2e"))
 import chaos  # noqa: E402  (tests/e2e/chaos.py)
 import mounts  # noqa: E402  (tests/e2e/mounts.py)
 from recovery import config, percentile  # noqa: E402  (bench/recovery.py)
-from run import REPO, machine_meta, rebound_status, wait_for  # noqa: E402
+from mounts import mount_status  # noqa: E402
+from run import REPO, machine_meta, wait_for  # noqa: E402
 
 SIGNALS = (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT)
 NAMES = 300
@@ -89,9 +90,9 @@ def storm(driver, seconds, seed):
     try:
         m.prepare(256 * mounts.MiB)
         m.start()
-        wait_for(lambda: (rebound_status(m.mnt) or {}).get("state") == "serving", 30,
+        wait_for(lambda: (mount_status(m.mnt) or {}).get("state") == "serving", 30,
                  "the first mount")
-        rebound_pid = rebound_status(m.mnt)["rebound_pid"]
+        rebound_pid = mount_status(m.mnt)["rebound_pid"]
         (m.mnt / "storm").mkdir()
         load = Workload(m.mnt / "storm", seed)
         load.start()
@@ -99,7 +100,7 @@ def storm(driver, seconds, seed):
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             time.sleep(rng.uniform(0.2, 0.8))
-            st = rebound_status(m.mnt) or {}
+            st = mount_status(m.mnt) or {}
             redo_seen.append(st.get("redo_log_entries", 0))
             pid = st.get("driver_pid")
             sig = rng.choice(SIGNALS)
@@ -109,10 +110,10 @@ def storm(driver, seconds, seed):
                 row["missed"] += 1
         load.stop.set()
         load.join()
-        wait_for(lambda: (rebound_status(m.mnt) or {}).get("state") == "serving", 60,
+        wait_for(lambda: (mount_status(m.mnt) or {}).get("state") == "serving", 60,
                  "serving after the storm")
         load.verify_all()
-        st = rebound_status(m.mnt)
+        st = mount_status(m.mnt)
         lat = st.get("recovery_ms") or []
         row.update({
             "workload_ops": load.ops, "workload_errors": len(load.errors),

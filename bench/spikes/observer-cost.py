@@ -30,5 +30,5 @@ print({k: round(v, 1) for k, v in r.items()}, f"{dt:.2f} s")
 for name in a:
     runs, ns = a[name][1] - b[name][1], a[name][0] - b[name][0]
     print(f"{name:22} {runs:7} runs {ns / max(1, runs):6.0f} ns/run")
-print("data path:", (run.rebound_status(m.mnt) or {}).get("data_path"))
+print("data path:", (mounts.mount_status(m.mnt) or {}).get("data_path"))
 m.stop(); m.cleanup()

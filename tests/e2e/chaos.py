@@ -1,6 +1,6 @@
 """Failure injection into the driver behind a rebound mount, while a workload runs.
 
-Owns: reading `rebound status --json` for one mount, and `Chaos`, a thread that again and
+Owns: waiting for a mount's status to reach a state, and `Chaos`, a thread that again and
 again waits until the mount is serving, picks the current driver_pid (it changes with every
 restart, and daemonizing drivers change it on their own) and makes that driver fail: SIGKILL,
 SIGSEGV, SIGABRT, or a hang (SIGSTOP, and the driver is left stopped: rebound's deadlines
@@ -13,7 +13,6 @@ Must not: decide whether recovery worked; the test compares what Chaos injected 
 """
 
 import collections
-import json
 import os
 import random
 import select
@@ -23,22 +22,10 @@ import threading
 import time
 
 import mounts
+from mounts import mount_status
 
 KINDS = ("SIGKILL", "SIGSEGV", "SIGABRT", "hang")
-STATUS_TIMEOUT = 10.0    # seconds `rebound status` may take to answer
 RECOVER_TIMEOUT = 30.0   # seconds a mount may take to be serving again after a failure
-
-
-def all_status():
-    """`rebound status --json`: one object per running mount."""
-    out = subprocess.run([str(mounts.rebound_bin()), "status", "--json"], capture_output=True,
-                         text=True, timeout=STATUS_TIMEOUT, check=True)
-    return json.loads(out.stdout)
-
-
-def mount_status(mnt):
-    """The status object of the mount at mnt, or None when no rebound serves it."""
-    return next((s for s in all_status() if s.get("mountpoint") == str(mnt)), None)
 
 
 def wait_status(mnt, cond, timeout):
@@ -217,14 +204,14 @@ class Chaos:
         """Stops injecting, waits for the mount to serve again (bounded) and returns the
         number of injected failures."""
         self._stop.set()
-        self._thread.join(timeout=self.recover_timeout + STATUS_TIMEOUT + 5)
+        self._thread.join(timeout=self.recover_timeout + mounts.STATUS_TIMEOUT + 5)
         if self._thread.is_alive():
             self._problem("the chaos thread did not stop")
         if self.final is None and not self._gave_up:
             probe = self._touch_if_hung()
             self.final = self._wait_recovered("after the last injection")
             if probe is not None:
-                probe.join(timeout=STATUS_TIMEOUT)
+                probe.join(timeout=mounts.STATUS_TIMEOUT)
         return self.injected
 
     def _touch_if_hung(self):

@@ -43,13 +43,27 @@ def rebound_bin():
     return path if path.is_absolute() else REPO / path
 
 
-def rebound_ready(mnt):
-    """Whether `rebound status` calls the mount at mnt ready (see `MountStatus::ready`)."""
+STATUS_TIMEOUT = 10.0  # seconds `rebound status` may take to answer
+
+
+def all_status():
+    """`rebound status --json`: one object per mount served (those with a control socket in
+    REBOUND_RUN_DIR, or the default run directory)."""
     out = subprocess.run([str(rebound_bin()), "status", "--json"], capture_output=True,
-                         text=True, timeout=10)
-    with contextlib.suppress(ValueError):
-        return any(s.get("mountpoint") == str(mnt) and s.get("ready")
-                   for s in json.loads(out.stdout))
+                         text=True, timeout=STATUS_TIMEOUT, check=True)
+    return json.loads(out.stdout)
+
+
+def mount_status(mnt):
+    """The status object of the mount at mnt, or None when no rebound serves it."""
+    return next((s for s in all_status() if s.get("mountpoint") == str(mnt)), None)
+
+
+def rebound_ready(mnt):
+    """Whether `rebound status` calls the mount at mnt ready (see `MountStatus::ready`); False
+    while it cannot answer."""
+    with contextlib.suppress(subprocess.SubprocessError, ValueError):
+        return bool((mount_status(mnt) or {}).get("ready"))
     return False
 
 

@@ -200,7 +200,7 @@ def test_names_the_kernel_cached_are_removed_and_renamed_after_a_kill(mount, dri
         os.rename(m.mnt / "d" / "f3", m.mnt / "d" / "f4")
         assert sorted(os.listdir(m.mnt / "d")) == ["f2", "f4"]
         assert (m.mnt / "d" / "f2").read_bytes() == b"1" * 100
-        after = chaos.mount_status(m.mnt)
+        after = mounts.mount_status(m.mnt)
         assert after["restarts"] == status["restarts"] + 1, after
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import mounts
-from test_isolation import Running, rebound_status
+from test_isolation import Running
 
 EXAMPLES = Path("/usr/share/doc/libfuse3-dev/examples")
 
@@ -110,7 +110,7 @@ def test_a_python_driver_under_tmp_sees_its_program_and_not_the_rest_of_tmp(work
     try:
         r.wait_mounted()
         assert (r.mnt / "good").read_bytes() == b"good data\n"
-        pid = [s for s in rebound_status() if s["mountpoint"] == str(r.mnt)][0]["driver_pid"]
+        pid = mounts.mount_status(r.mnt)["driver_pid"]
         root = Path(f"/proc/{pid}/root")
         assert not (root / others.relative_to("/")).exists(), "the rest of /tmp is hidden"
         out = subprocess.run([str(mounts.rebound_bin()), "restart", str(r.mnt)],

@@ -9,7 +9,6 @@ no restarts allowed, rebound leaves no mount and no process behind).
 
 import contextlib
 import errno
-import json
 import os
 import signal
 import subprocess
@@ -121,15 +120,15 @@ def test_malformed_replies_are_refused_and_the_mount_goes_on(running):
     # The last refusal's recovery may still be announcing itself: "serving" comes once the new
     # driver's reading process is known (at most 500 ms after it serves).
     def serving():
-        status = [s for s in rebound_status() if s["mountpoint"] == str(r.mnt)]
-        return status if status and status[0]["state"] == "serving" else None
+        status = mounts.mount_status(r.mnt)
+        return status if status and status["state"] == "serving" else None
 
     status = mounts.wait_for(serving, 10)
-    assert status, [s for s in rebound_status() if s["mountpoint"] == str(r.mnt)]
+    assert status, mounts.mount_status(r.mnt)
     # Each kind of bad reply cost at least one restart before its request was given up.
     kinds = len(BAD_NAMES) + 1
-    assert status[0]["restarts"] >= kinds and status[0]["failures"] >= kinds, status
-    assert "misbehaved" in (status[0]["last_failure"] or ""), status
+    assert status["restarts"] >= kinds and status["failures"] >= kinds, status
+    assert "misbehaved" in (status["last_failure"] or ""), status
 
     r.proc.send_signal(signal.SIGTERM)
     assert r.proc.wait(timeout=mounts.STOP_TIMEOUT) == 0, r.stderr()
@@ -137,9 +136,9 @@ def test_malformed_replies_are_refused_and_the_mount_goes_on(running):
 
 
 def mount_status(r):
-    status = [s for s in rebound_status() if s["mountpoint"] == str(r.mnt)]
-    assert status, "no status for the mount"
-    return status[0]
+    status = mounts.mount_status(r.mnt)
+    assert status is not None, "no status for the mount"
+    return status
 
 
 def settled_status(r, restarts):
@@ -231,15 +230,13 @@ def test_a_killed_driver_is_restarted_and_the_mount_serves_on(running, workdir, 
         assert (r.mnt / "f").read_text() == "x"
         assert held.read() == "x", "a handle opened before the crash still reads"
 
-    def status():
-        return [s for s in rebound_status() if s["mountpoint"] == str(r.mnt)][0]
-
     # The supervisor hears of the recovery (and its latency) just after the first request
     # the new driver served, which may be just after the reads above returned.
-    assert mounts.wait_for(lambda: status()["restarts"] == 1 and len(status()["recovery_ms"]) == 1,
-                           5), status()
-    assert status()["failures"] == 1, status()
-    assert "driver" in status()["last_failure"], status()
+    status = mounts.wait_for(
+        lambda: (s := mount_status(r))["restarts"] == 1 and len(s["recovery_ms"]) == 1 and s, 5)
+    assert status, mount_status(r)
+    assert status["failures"] == 1, status
+    assert "driver" in status["last_failure"], status
 
 
 @pytest.mark.parametrize("data_path", ["guarded", "fast"])
@@ -259,12 +256,6 @@ def test_with_no_restarts_allowed_a_killed_driver_leaves_nothing_behind(running,
     assert "closed its channel" in r.stderr() or "process gone" in r.stderr(), r.stderr()
     assert not mounts.is_mounted(r.mnt)
     assert mounts.wait_for(lambda: not mounts.procs_mentioning(r.mnt), 5), "driver processes left"
-
-
-def rebound_status():
-    out = subprocess.run([str(mounts.rebound_bin()), "status", "--json"], capture_output=True,
-                         text=True, timeout=10, check=True)
-    return json.loads(out.stdout)
 
 
 def driver_waiting_on_its_own_mount(running, data_path):
@@ -324,8 +315,8 @@ def test_a_driver_killed_while_it_waits_on_its_own_mount_is_restarted(running, d
     os.kill(pid, signal.SIGKILL)
 
     def restarted():
-        status = [s for s in rebound_status() if s["mountpoint"] == str(r.mnt)]
-        return status and status[0]["restarts"] >= 1 and status[0]["state"] == "serving"
+        status = mounts.mount_status(r.mnt)
+        return status and status["restarts"] >= 1 and status["state"] == "serving"
 
     assert mounts.wait_for(restarted, 10), \
         f"not serving again within 10 s of the kill:\n{r.stderr()}"
@@ -354,11 +345,9 @@ def test_status_reports_the_mount_and_what_the_kernel_holds(running, workdir):
     for i in range(10):
         (r.mnt / f"f{i}").write_text(str(i))
     with open(r.mnt / "f0") as held:
-        mine = mounts.wait_for(
-            lambda: [s for s in rebound_status() if s["mountpoint"] == str(r.mnt)
-                     and s["open_handles"] >= 1], 5)
-        assert mine, rebound_status()
-        status = mine[0]
+        status = mounts.wait_for(
+            lambda: (s := mounts.mount_status(r.mnt)) and s["open_handles"] >= 1 and s, 5)
+        assert status, mounts.all_status()
         assert status["state"] == "serving"
         assert status["rebound_pid"] == r.proc.pid
         assert status["restarts"] == 0 and status["recovery_ms"] == []
@@ -372,4 +361,4 @@ def test_status_reports_the_mount_and_what_the_kernel_holds(running, workdir):
 
     r.proc.send_signal(signal.SIGTERM)
     assert r.proc.wait(timeout=mounts.STOP_TIMEOUT) == 0
-    assert all(s["mountpoint"] != str(r.mnt) for s in rebound_status())
+    assert mounts.mount_status(r.mnt) is None

@@ -32,8 +32,8 @@ import pytest
 import chaos
 import mounts
 import workloads
-from chaos import mount_status, serving, wait_status
-from mounts import free_port
+from chaos import serving, wait_status
+from mounts import free_port, mount_status
 from test_isolation import running  # noqa: F401 (the fixture)
 from test_recovery import DRIVER_CONFIG, explain, private_run_dir, toml, wait_serving  # noqa: F401
 

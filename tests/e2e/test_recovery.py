@@ -34,8 +34,8 @@ import pytest
 import chaos
 import mounts
 import workloads
-from chaos import mount_status, recovered_from, serving, signal_descendant, wait_status
-from mounts import MiB, STOP_TIMEOUT, is_fuse_mounted, is_mounted, wait_for
+from chaos import recovered_from, serving, signal_descendant, wait_status
+from mounts import MiB, STOP_TIMEOUT, is_fuse_mounted, is_mounted, mount_status, wait_for
 
 pytestmark = [pytest.mark.recovery, pytest.mark.rebound,
               pytest.mark.usefixtures("many_open_files")]

@@ -26,7 +26,7 @@ import pytest
 
 import mounts
 import workloads
-from test_isolation import Running, rebound_status
+from test_isolation import Running
 
 pytestmark = pytest.mark.usefixtures("many_open_files")
 
@@ -37,9 +37,9 @@ DRIVERS = ["fuse2fs", "passthrough_ll", "sshfs", "gofuse"]
 
 
 def status_of(mnt):
-    found = [s for s in rebound_status() if s["mountpoint"] == str(mnt)]
-    assert found, f"no rebound run serves {mnt}"
-    return found[0]
+    found = mounts.mount_status(mnt)
+    assert found is not None, f"no rebound run serves {mnt}"
+    return found
 
 
 def proc_status(pid):

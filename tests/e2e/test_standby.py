@@ -19,7 +19,8 @@ import subprocess
 import pytest
 
 import mounts
-from chaos import mount_status, serving
+from chaos import serving
+from mounts import mount_status
 import workloads
 from test_recovery import DRIVER_CONFIG, explain, toml, wait_serving
 
