@@ -3,6 +3,12 @@
 //! hoards is bounded by the kernel and an out-of-memory kill can only pick the driver's own
 //! processes. Works on cgroup v2 (when its controllers are available) and on v1 hierarchies.
 //!
+//! The cpu controller is joined only for a CPU limit (`limits.cpu_percent`): a group of its
+//! own competes for CPU as one task would, so under contention a driver of several processes
+//! (sshfs and its ssh) would get less than it does mounted directly. Without it, the CPU used
+//! is read from v2's `cpu.stat` (kept without the controller), v1's `cpuacct` where it is a
+//! hierarchy apart from `cpu`, or else the processes' own times in `/proc`.
+//!
 //! Owns: creating, limiting, reading and removing the cgroup. Must not: decide what a reading
 //! means (the supervisor's hoarding checks do).
 
@@ -87,6 +93,22 @@ fn read_key(path: PathBuf, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The CPU time `processes` have used (user and system, their threads' included), from
+/// `/proc/PID/stat`; a process that is gone counts nothing.
+fn processes_cpu_ns(processes: &[i32]) -> u64 {
+    let tick_ns = 1_000_000_000 / rustix::param::clock_ticks_per_second();
+    let ticks = |pid: &i32| -> Option<u64> {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command name (which may hold spaces and parentheses): utime and
+        // stime are the 12th and 13th.
+        let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+        let utime: u64 = fields.next()?.parse().ok()?;
+        let stime: u64 = fields.next()?.parse().ok()?;
+        Some(utime + stime)
+    };
+    processes.iter().filter_map(ticks).sum::<u64>() * tick_ns
+}
+
 impl DriverCgroup {
     /// Creates the cgroup `rebound/NAME` and sets `limits` on it. NAME is the run's pid, and
     /// `PID-2` for its second (see `supervisor::standby`). `None` when this machine has
@@ -97,8 +119,10 @@ impl DriverCgroup {
         if let Some(controllers) = v2_controllers.filter(|c| c.contains("memory")) {
             let parent = root.join("rebound");
             fs::create_dir_all(&parent)?;
-            let wanted: Vec<&str> = ["memory", "pids", "cpu"]
+            let cpu = (limits.cpu_percent != 0).then_some("cpu");
+            let wanted: Vec<&str> = ["memory", "pids"]
                 .into_iter()
+                .chain(cpu)
                 .filter(|c| controllers.split_whitespace().any(|have| have == *c))
                 .collect();
             let enable = wanted
@@ -127,9 +151,19 @@ impl DriverCgroup {
         };
         let memory = hierarchy("memory")?;
         let pids = hierarchy("pids")?;
-        let cpu = hierarchy("cpu")?;
-        // cpu and cpuacct are usually one hierarchy mounted twice.
-        let cpuacct = hierarchy("cpuacct")?;
+        let limited = limits.cpu_percent != 0;
+        // cpu and cpuacct are usually one hierarchy mounted twice: cpuacct alone is joined only
+        // where it is not.
+        let same = |a: &str, b: &str| {
+            let canonical = |c| fs::canonicalize(root.join(c)).ok();
+            canonical(a).is_some() && canonical(a) == canonical(b)
+        };
+        let cpu = if limited { hierarchy("cpu")? } else { None };
+        let cpuacct = if limited || !same("cpu", "cpuacct") {
+            hierarchy("cpuacct")?
+        } else {
+            None
+        };
         if memory.is_none() && pids.is_none() && cpu.is_none() {
             return Ok(None);
         }
@@ -239,8 +273,9 @@ impl DriverCgroup {
                     usage.tasks = read_u64(dir.join("pids.current"));
                     usage.task_limit_hits = read_key(dir.join("pids.events"), "max");
                 }
-                if let Some(dir) = cpuacct.as_ref().or(cpu.as_ref()) {
-                    usage.cpu_ns = read_u64(dir.join("cpuacct.usage"));
+                match cpuacct.as_ref().or(cpu.as_ref()) {
+                    Some(dir) => usage.cpu_ns = read_u64(dir.join("cpuacct.usage")),
+                    None => usage.cpu_ns = processes_cpu_ns(&self.processes()),
                 }
                 usage
             }
@@ -294,5 +329,21 @@ mod tests {
         assert_eq!(read_key(dir.join("memory.events"), "max"), 3);
         assert_eq!(read_key(dir.join("memory.events"), "absent"), 0);
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_process_s_cpu_time_is_read_from_proc() {
+        let me = std::process::id() as i32;
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < std::time::Duration::from_millis(50) {
+            std::hint::black_box(0u64);
+        }
+        // At least the 50 ms just spent, give or take a clock tick; a pid that is gone, none.
+        assert!(
+            processes_cpu_ns(&[me]) >= 30_000_000,
+            "{}",
+            processes_cpu_ns(&[me])
+        );
+        assert_eq!(processes_cpu_ns(&[i32::MAX]), 0);
     }
 }
