@@ -9,7 +9,7 @@ fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR")).join("observe.bpf.o");
     let status = Command::new("clang")
         .args([
-            "-O2", "-g", "-target", "bpf", "-mcpu=v3", "-Wall", "-Werror", "-c", source, "-o",
+            "-O2", "-g", "-target", "bpf", "-Wall", "-Werror", "-c", source, "-o",
         ])
         .arg(&out)
         .status();

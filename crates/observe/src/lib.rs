@@ -88,8 +88,6 @@ pub struct Observer {
     started: rebound_sys::bpf_map::SharedArray,
     /// The uniques [`Observer::oldest_waiting`] last found there, and when each was first.
     watched: std::collections::HashMap<u64, std::time::Instant>,
-    /// Holds the `started` map while it is mapped.
-    _started_map: MapData,
     connection: u32,
     mountpoint: PathBuf,
     /// Where its programs and maps are pinned, if they are (see [`Observer::attach`]).
@@ -186,7 +184,7 @@ impl Observer {
         let started = bpf
             .take_map("started")
             .ok_or_else(|| ObserveError::Load("no map `started`".into()))?;
-        let started_map = match started {
+        let started = match started {
             aya::maps::Map::Array(data) => data,
             _ => {
                 return Err(ObserveError::Load(
@@ -195,7 +193,7 @@ impl Observer {
             }
         };
         let started =
-            rebound_sys::bpf_map::SharedArray::map(started_map.fd().as_fd(), STARTED_SLOTS * 8)
+            rebound_sys::bpf_map::SharedArray::map(started.fd().as_fd(), STARTED_SLOTS * 8)
                 .map_err(|e| ObserveError::Load(format!("mapping `started`: {e}")))?;
         let map = bpf
             .take_map("events")
@@ -206,7 +204,6 @@ impl Observer {
             ring,
             ended,
             started,
-            _started_map: started_map,
             watched: std::collections::HashMap::new(),
             connection,
             mountpoint: mountpoint.to_path_buf(),

@@ -154,12 +154,10 @@ impl DriverCgroup {
         let limited = limits.cpu_percent != 0;
         // cpu and cpuacct are usually one hierarchy mounted twice: cpuacct alone is joined only
         // where it is not.
-        let same = |a: &str, b: &str| {
-            let canonical = |c| fs::canonicalize(root.join(c)).ok();
-            canonical(a).is_some() && canonical(a) == canonical(b)
-        };
+        let cpu_dir = fs::canonicalize(root.join("cpu")).ok();
+        let shared = cpu_dir.is_some() && cpu_dir == fs::canonicalize(root.join("cpuacct")).ok();
         let cpu = if limited { hierarchy("cpu")? } else { None };
-        let cpuacct = if limited || !same("cpu", "cpuacct") {
+        let cpuacct = if limited || !shared {
             hierarchy("cpuacct")?
         } else {
             None

@@ -65,7 +65,6 @@ impl Drop for Mapping {
 /// end, each rounded up to 8 bytes, as the kernel lays them out).
 pub struct SharedArray {
     mapping: Mapping,
-    words: usize,
 }
 
 // SAFETY: the mapping is only read, through atomic loads, and stays valid until the value is
@@ -82,23 +81,13 @@ impl SharedArray {
                 "mapping {bytes} bytes of an array"
             )));
         }
+        // The mapping holds the map: its descriptor may be closed once this returns.
         Ok(SharedArray {
             mapping: Mapping::new(map, bytes, 0, ProtFlags::READ)?,
-            words: bytes / 8,
         })
     }
 
-    /// How many words are mapped.
-    pub fn len(&self) -> usize {
-        self.words
-    }
-
-    /// Whether no word is mapped (never: [`SharedArray::map`] refuses it).
-    pub fn is_empty(&self) -> bool {
-        self.words == 0
-    }
-
-    /// Word `index` (< [`SharedArray::len`]), as a BPF program last stored it.
+    /// Word `index` (within the bytes mapped: checked), as a BPF program last stored it.
     pub fn word(&self, index: usize) -> u64 {
         self.mapping
             .word::<AtomicU64>(index * 8)
