@@ -231,8 +231,10 @@ def test_a_scrape_of_the_metrics_matches_the_status(running, workdir, data_path)
     finally:
         held.close()
     # Once the mount is quiet (the kernel's own requests after a close, a lookup the restored
-    # driver is asked for, are done), two statuses around a scrape agree: it saw the same.
-    keys = ("requests", "restarts", "nodes", "open_handles", "failures_by_cause")
+    # driver is asked for, are done, and the driver's idle worker threads have exited), two
+    # statuses around a scrape agree: it saw the same.
+    keys = ("requests", "restarts", "nodes", "open_handles", "failures_by_cause",
+            "driver_tasks", "driver_memory_bytes")
 
     def quiet_scrape():
         before, samples, after = mount_status(r.mnt), scrape(port), mount_status(r.mnt)
