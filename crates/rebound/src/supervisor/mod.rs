@@ -11,8 +11,10 @@
 //! This file holds the run's state, its start and its loop; `events` what the loop hears,
 //! `timers` what the clock decides, `restart` what a failure leads to, `upgrade` the
 //! operator's replacement of the driver, `standby` the successor kept ready, `intercept` the
-//! driver's mount, `command` what runs as the driver.
+//! driver's calls and `attach` what they lead to, `stop` how the run ends, `command` what runs
+//! as the driver.
 
+mod attach;
 mod command;
 mod events;
 mod hoarding;
@@ -21,6 +23,7 @@ mod process;
 mod reload;
 mod restart;
 mod standby;
+mod stop;
 mod targets;
 mod timers;
 mod upgrade;
@@ -37,23 +40,22 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use rebound_sys::{seccomp, spawn};
+use rebound_sys::spawn;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
-use rustix::process::Signal;
 
 use crate::cgroup::DriverCgroup;
 use crate::checkpoint::ImageCheckpoint;
 use crate::config::{Config, Profile};
 use crate::control::{self, ControlSocket, OperatorRequest, StatusBoard};
-use crate::keeper::{Keeper, KeptMount};
-use crate::proxy::{Proxy, ProxyEvent, ProxyOptions};
+use crate::keeper::Keeper;
+use crate::proxy::{Proxy, ProxyEvent};
 use crate::sandbox::MountPoint;
 use crate::service::ServiceManager;
 use command::DriverCommand;
-use intercept::Intercepted;
 use process::Exit;
 pub use reload::{installed_binary, Death, Succession};
 use restart::Cause;
+use stop::{log_stats, unmount};
 
 /// Where the run is in its life.
 #[derive(Debug)]
@@ -624,218 +626,6 @@ fn log_lines(stderr: std::process::ChildStderr, label: &Mutex<String>) {
 }
 
 impl Run<'_> {
-    fn on_intercepted_call(&mut self) -> anyhow::Result<()> {
-        let notif = match seccomp::receive(self.listener.as_fd()) {
-            Ok(notif) => notif,
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NOENT.raw_os_error()) => {
-                return Ok(())
-            }
-            Err(e) => {
-                tracing::debug!("seccomp receive: {e}");
-                return Ok(());
-            }
-        };
-        self.on_intercepted(&notif)
-    }
-
-    /// Handles one call of the current driver (one just received, or the held mount of a
-    /// standby that has just become the driver).
-    fn on_intercepted(&mut self, notif: &seccomp::Notification) -> anyhow::Result<()> {
-        // From the moment a failure is seen: a driver being killed may still unmount (sshfs
-        // does when its ssh process dies first), and that must not take the mount down.
-        let recovering = matches!(self.phase, Phase::Recovering(_));
-        let ours = self.served.as_ref().map(|s| intercept::Served {
-            mountpoint: &s.mountpoint,
-            channel_inode: s.channel_inode,
-            proxy: &s.proxy,
-            recovering,
-        });
-        let sandboxed = self.config.sandbox.profile != Profile::Off;
-        let driver_processes = std::cell::OnceCell::new();
-        let is_driver = |tgid: i32| {
-            driver_processes
-                .get_or_init(|| match &self.cgroup {
-                    Some(cgroup) => cgroup.processes(),
-                    None => process::descendants(),
-                })
-                .contains(&tgid)
-        };
-        let learning = self.learner.is_some();
-        // The status names the mount from the moment it exists (it is visible before the
-        // proxy starts), and until the mount fails.
-        let first_mount = (ours.is_none() && i64::from(notif.data.nr) == seccomp::NR_MOUNT)
-            .then(|| intercept::fuse_mount_target(notif))
-            .flatten();
-        if let Some(target) = &first_mount {
-            self.board
-                .update(|b| b.mountpoint = target.display().to_string());
-        }
-        // With a keeper, the observer is pinned: it must outlive rebound (see `keeper`).
-        let pins = (first_mount.is_some() && self.config.fast() && self.keeper.is_some())
-            .then(|| crate::keeper::observer_pins(std::process::id()))
-            .flatten();
-        let fast = self.config.fast().then_some(intercept::Fast {
-            pins: pins.as_deref(),
-        });
-        let outcome = intercept::handle(
-            self.listener.as_fd(),
-            notif,
-            ours,
-            (sandboxed, learning, fast),
-            is_driver,
-        );
-        if first_mount.is_some() && !matches!(outcome, Intercepted::Mounted(_)) {
-            self.board.update(|b| b.mountpoint.clear());
-        }
-        match outcome {
-            Intercepted::Mounted(mount) => {
-                *self.log_label.lock().unwrap_or_else(|e| e.into_inner()) =
-                    mount.mountpoint.display().to_string();
-                tracing::info!(
-                    "mounted {} ({}) for pid {}; serving it through rebound",
-                    mount.mountpoint.display(),
-                    mount.fstype,
-                    mount.caller
-                );
-                let mount = *mount;
-                let tx = self.events_tx.take().context("second mount")?;
-                let options = self.proxy_options();
-                let proxy = match mount.observer {
-                    Some(observer) => {
-                        tracing::info!(
-                            "fast mode: the driver serves the kernel's queue; rebound observes"
-                        );
-                        Proxy::start_beside(mount.kernel, mount.channel, observer, tx, options)
-                    }
-                    None => Proxy::start(mount.kernel, mount.channel, tx, options),
-                };
-                let proxy = match proxy {
-                    Ok(proxy) => proxy,
-                    Err(e) => {
-                        mount
-                            .answer
-                            .answer(self.listener.as_fd(), Err(rustix::io::Errno::IO));
-                        return Err(e).context("starting the proxy");
-                    }
-                };
-                self.board
-                    .attach(proxy.stats.clone(), Box::new(proxy.held_objects_reader()));
-                self.board.update(|s| {
-                    s.mountpoint = mount.mountpoint.display().to_string();
-                    s.state = "serving".into();
-                });
-                mount.answer.answer(self.listener.as_fd(), Ok(()));
-                self.served = Some(Served {
-                    mountpoint: mount.mountpoint,
-                    channel_inode: mount.channel_inode,
-                    proxy,
-                    mounted_by_helper: mount.by_helper,
-                });
-                self.keep_mount();
-                self.phase = Phase::Serving;
-                self.keep_standby(Instant::now());
-            }
-            Intercepted::Reattached {
-                channel,
-                channel_inode,
-                caller,
-            } => self.attach(channel, channel_inode, caller, None)?,
-            Intercepted::Unmounted => {
-                // The driver is done with the mount; its reader threads must not wait for
-                // requests that will never come.
-                if let Some(s) = &self.served {
-                    s.proxy.disconnect_driver();
-                }
-                if !matches!(self.phase, Phase::Stopping { .. }) {
-                    tracing::info!("the driver unmounted its file system");
-                    self.phase = self.stopping(false, 0);
-                }
-            }
-            Intercepted::Denied(name) => {
-                if let Some(learner) = &self.learner {
-                    learner.syscall(name);
-                } else if self.denied_logged.insert(name) {
-                    tracing::warn!(
-                        "the sandbox denied the system call `{name}` to the driver (EPERM); \
-                         `[sandbox] allow_syscalls = [\"{name}\"]` allows it"
-                    );
-                }
-            }
-            Intercepted::Other => {}
-        }
-        Ok(())
-    }
-
-    /// The proxy's settings, from the config.
-    fn proxy_options(&self) -> ProxyOptions {
-        ProxyOptions {
-            checkpoint_interval: self
-                .config
-                .redo_log
-                .then(|| self.config.checkpoint_interval()),
-            checkpoint_timeout: self.config.probe_timeout(),
-            checkpoint_changes: self.config.checkpoint_changes as usize,
-            image: self.image.clone(),
-            second_opinion_cooldown: self.config.second_opinion_cooldown(),
-        }
-    }
-
-    /// A new driver (pid `caller` holds its end) has its channel to the mount: its state is
-    /// restored through it (`init_reply`: its answer to the kernel's INIT, if it gave one).
-    fn attach(
-        &mut self,
-        channel: OwnedFd,
-        channel_inode: u64,
-        caller: u32,
-        init_reply: Option<Vec<u8>>,
-    ) -> anyhow::Result<()> {
-        if let Some(s) = &mut self.served {
-            tracing::info!(
-                "new driver (pid {caller}) attached to {}; restoring its state",
-                s.mountpoint.display()
-            );
-            s.channel_inode = channel_inode;
-            s.proxy
-                .attach_driver(
-                    channel,
-                    self.config.request_timeout(),
-                    init_reply,
-                    std::mem::take(&mut self.attaching_spare),
-                )
-                .context("starting the recovery")?;
-            self.phase = Phase::Recovering(Step::Restoring);
-        }
-        Ok(())
-    }
-
-    fn on_stop_signal(&mut self) {
-        match &mut self.phase {
-            Phase::Stopping { killed, .. } => {
-                // A second request to stop: the operator does not want to wait for the
-                // driver to finish writing.
-                if !*killed {
-                    tracing::warn!("second stop signal: killing the driver");
-                    if let Some(s) = &self.served {
-                        s.proxy.fail_requests();
-                    }
-                    process::signal_all(Signal::KILL, &[]);
-                    *killed = true;
-                }
-            }
-            _ => {
-                tracing::info!("stopping on signal");
-                if let Some(s) = &self.served {
-                    if matches!(self.phase, Phase::Recovering(_) | Phase::Failed { .. }) {
-                        // No driver will answer what waits.
-                        s.proxy.fail_requests();
-                    }
-                    unmount(&s.mountpoint);
-                }
-                self.phase = self.stopping(true, 0);
-            }
-        }
-    }
-
     /// After the first driver failed before mounting: what its sandbox hid of what it was
     /// given, each with the key that shows it, or how to tell whether the sandbox is the cause.
     fn explain_sandbox(&self) {
@@ -854,36 +644,6 @@ impl Run<'_> {
                 profile.name()
             );
         }
-    }
-
-    /// Whether a driver that closed its channel is unmounting, an orderly end rather than a
-    /// failure. libfuse closes the channel first and then unmounts (`fuse_kern_unmount`), so
-    /// while the process that served still runs (not dying: a crash closes the channel as the
-    /// process dies), its `umount2` may be on the way: waited for, briefly.
-    fn unmount_follows_close(&mut self) -> bool {
-        const GRACE: Duration = Duration::from_millis(200);
-        let serving = self.board.snapshot().driver_pid.unwrap_or(self.driver_pid);
-        if !matches!(self.phase, Phase::Serving) || !process::runs_on(serving) {
-            return false;
-        }
-        let deadline = Instant::now() + GRACE;
-        while self.listener_open && process::runs_on(serving) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            let mut fds = [PollFd::new(&self.listener, PollFlags::IN)];
-            let wait = Timespec::try_from(left.min(Duration::from_millis(10))).ok();
-            if matches!(poll(&mut fds, wait.as_ref()), Ok(n) if n > 0) {
-                if let Err(e) = self.on_intercepted_call() {
-                    tracing::debug!("a call while the channel closed: {e}");
-                }
-                if !matches!(self.phase, Phase::Serving) {
-                    return true;
-                }
-            }
-        }
-        false
     }
 
     /// Fails the requests of driver threads that are dying (see [`Proxy::fail_requests_of`]).
@@ -962,121 +722,6 @@ impl Run<'_> {
             }
         }
     }
-
-    /// The run is over and no driver process is left: its log lines are written, its cgroup
-    /// removed.
-    fn finish(&mut self) {
-        self.end_keeping();
-        for logger in self.stderr_loggers.drain(..) {
-            let _ = logger.join();
-        }
-        for cgroup in [&self.cgroup, &self.standby_cgroup].into_iter().flatten() {
-            cgroup.remove();
-        }
-    }
-
-    /// Gives the keeper the mount once it serves (the kernel queues, what a successor must
-    /// know) and starts the tracker's journal. Without either, rebound's death loses the
-    /// mount (said once). In fast mode the keeper also takes the driver's own descriptors on
-    /// the connection at rebound's death, and the successor what the observer, pinned, saw
-    /// last (see `keeper`).
-    fn keep_mount(&mut self) {
-        let (Some(keeper), Some(s)) = (&mut self.keeper, &self.served) else {
-            return;
-        };
-        let journal = crate::keeper::journal_dir(std::process::id());
-        let kept = KeptMount {
-            argv: self.command.argv_bytes(),
-            config: self.config.source.clone(),
-            mountpoint: s.mountpoint.clone(),
-            mounted_by_helper: s.mounted_by_helper,
-            journal: journal.clone(),
-            cgroup_procs: self
-                .cgroup
-                .iter()
-                .chain(&self.standby_cgroup)
-                .flat_map(DriverCgroup::procs_files)
-                .collect(),
-        };
-        let kept = s
-            .proxy
-            .keep_journal(&journal)
-            .and_then(|()| keeper.keep_mount(kept, &s.proxy.kernel_queues_fds()));
-        match kept {
-            // (The periodic one may not come before a death: the keeper's must be current.)
-            Ok(()) => keeper.status_now(self.board.snapshot()),
-            Err(e) => {
-                tracing::warn!(
-                    "the keeper cannot keep the mount ({e}): should rebound die, it is lost"
-                );
-                self.end_keeping();
-            }
-        }
-    }
-
-    /// The keeper exits without taking over, and the journal goes, and the observer's pins
-    /// (it stays attached while rebound holds it).
-    fn end_keeping(&mut self) {
-        if let Some(mut keeper) = self.keeper.take() {
-            keeper.end();
-            rebound_observe::remove_pins(&crate::keeper::pins_of(std::process::id()));
-        }
-        if let Some(s) = &self.served {
-            s.proxy.remove_journal();
-        }
-    }
-
-    /// Enters the stopping phase; with `signal`, asks every driver process to terminate.
-    pub(super) fn stopping(&mut self, signal: bool, exit_code: i32) -> Phase {
-        self.board.update(|s| s.state = "stopping".into());
-        self.service.stopping();
-        // Stopped on purpose: rebound's death from now on must not bring the mount back.
-        self.end_keeping();
-        self.drop_standby("the run is stopping", false);
-        if signal {
-            process::signal_all(Signal::TERM, &[]);
-        }
-        Phase::Stopping {
-            deadline: Instant::now() + self.config.stop_timeout(),
-            killed: false,
-            exit_code,
-            driver_initiated: !signal,
-        }
-    }
-}
-
-/// Unmounts, lazily if the file system is busy (the connection then dies with rebound).
-fn unmount(mountpoint: &std::path::Path) {
-    use rustix::mount::{unmount, UnmountFlags};
-    match unmount(mountpoint, UnmountFlags::empty()) {
-        Ok(()) => tracing::info!("unmounted {}", mountpoint.display()),
-        Err(rustix::io::Errno::BUSY) => {
-            if let Err(e) = unmount(mountpoint, UnmountFlags::DETACH) {
-                tracing::warn!("lazy unmount of {}: {e}", mountpoint.display());
-            } else {
-                tracing::info!("{} is busy; detached it", mountpoint.display());
-            }
-        }
-        // Already unmounted by the user or the driver.
-        Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => {}
-        Err(e) => tracing::warn!("unmount {}: {e}", mountpoint.display()),
-    }
-}
-
-fn log_stats(served: &Served) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let stats = &served.proxy.stats;
-    let (nodes, handles) = served.proxy.held_objects();
-    tracing::info!(
-        "{}: {} requests, {} replies, {} notifications, {} refused driver messages, {} requests \
-         resent after restarts; the kernel still held {nodes} nodes and {handles} open handles",
-        served.mountpoint.display(),
-        stats.requests.load(Relaxed),
-        stats.replies.load(Relaxed),
-        stats.notifications.load(Relaxed),
-        stats.refused.load(Relaxed),
-        stats.resent.load(Relaxed),
-    );
 }
 
 /// Signals delivered as readable bytes on a socket, so that `poll` can wait for them.
