@@ -10,6 +10,12 @@
 //!   refused it is logged once, with the key that gives it: a driver failing with `EPERM` is
 //!   explained by rebound, not only by its own puzzling error.
 //!
+//! Both want each capability once (refused, or granted), so the tracepoint's filter in the
+//! kernel keeps only checks of the kind wanted, of capabilities not yet seen: a driver checks
+//! some at every request (`CAP_SYS_ADMIN`, refused, at each private `mmap`, in
+//! `cap_vm_enough_memory`), and reading and parsing those lines took 80% of rebound's CPU in
+//! fast mode.
+//!
 //! Owns: the tracefs instance, the reading thread, the learned sets and the file.
 //! Must not: grant anything (the sandbox does, from the config) or decide what a driver
 //! should have: it writes what was used, for the operator to review.
@@ -30,6 +36,8 @@ use rebound_sys::sandbox::CAPABILITY_NAMES;
 const TRACEFS: &str = "/sys/kernel/tracing";
 /// The switch of the tracepoint, in an instance.
 const ENABLE: &str = "events/capability/cap_capable/enable";
+/// Its filter, in an instance: what it refuses is dropped before it is formatted or read.
+const FILTER: &str = "events/capability/cap_capable/filter";
 /// The instances rebound makes are named this, then the pid of the `rebound run`.
 const INSTANCE_PREFIX: &str = "rebound-";
 
@@ -42,11 +50,13 @@ struct CapabilityTrace {
 
 impl CapabilityTrace {
     /// `is_driver(tid)` says whether a thread is one of the driver's (its helpers' included);
-    /// `on_check(capability, granted)` gets each check of one. Fails when tracefs or the
-    /// tracepoint is missing.
+    /// `on_first(capability)` gets each capability the first time the kernel granted it to
+    /// one (`granted`), or refused it (not `granted`). Fails when tracefs or the tracepoint
+    /// is missing.
     fn start(
+        granted: bool,
         is_driver: impl Fn(i32) -> bool + Send + 'static,
-        on_check: impl FnMut(&'static str, bool) + Send + 'static,
+        on_first: impl FnMut(&'static str) + Send + 'static,
     ) -> anyhow::Result<CapabilityTrace> {
         let root = Path::new(TRACEFS);
         if !root.join("instances").exists() {
@@ -80,6 +90,12 @@ impl CapabilityTrace {
             .context("following forks in the trace")?;
         fs::write(trace.instance.join("set_event_pid"), tasks.join(" "))
             .context("tracing rebound's tasks only")?;
+        let filter = CheckFilter {
+            path: trace.instance.join(FILTER),
+            granted,
+            seen: BTreeSet::new(),
+        };
+        filter.write().context("filtering the capability trace")?;
         let event = trace.instance.join(ENABLE);
         fs::write(&event, "1").with_context(|| {
             format!(
@@ -95,7 +111,7 @@ impl CapabilityTrace {
         let stop = trace.stop.clone();
         std::thread::Builder::new()
             .name("capability-trace".into())
-            .spawn(move || read_checks(pipe, &stop, is_driver, on_check))?;
+            .spawn(move || read_checks(pipe, &stop, filter, is_driver, on_first))?;
         Ok(trace)
     }
 }
@@ -143,10 +159,9 @@ impl RefusalLog {
         grantable: u64,
         is_driver: impl Fn(i32) -> bool + Send + 'static,
     ) -> anyhow::Result<RefusalLog> {
-        let mut logged = BTreeSet::new();
-        let trace = CapabilityTrace::start(is_driver, move |cap, granted| {
+        let trace = CapabilityTrace::start(false, is_driver, move |cap| {
             let grantable = capability_number(cap).is_some_and(|n| grantable & (1 << n) != 0);
-            if !granted && grantable && logged.insert(cap) {
+            if grantable {
                 tracing::info!(
                     "the kernel refused the driver {cap}, which its sandbox keeps from it; if \
                      the driver fails for want of it, `[sandbox] capabilities` with \"{cap}\" \
@@ -204,9 +219,9 @@ impl Learner {
             .write()
             .with_context(|| format!("writing {}", out.display()))?;
         let recorder = learned.clone();
-        let trace = CapabilityTrace::start(is_driver, move |cap, granted| {
+        let trace = CapabilityTrace::start(true, is_driver, move |cap| {
             let mut learned = recorder.lock().unwrap_or_else(|e| e.into_inner());
-            if granted && learned.capabilities.insert(cap) {
+            if learned.capabilities.insert(cap) {
                 tracing::info!("learning: the driver uses {cap}");
                 learned.save();
             }
@@ -259,12 +274,48 @@ impl Learned {
     }
 }
 
-/// Reads the trace pipe until stopped, handing each check of a driver thread to `on_check`.
+/// The kernel's filter of the trace: checks of the kind wanted, of capabilities not yet seen.
+struct CheckFilter {
+    path: PathBuf,
+    granted: bool,
+    seen: BTreeSet<usize>,
+}
+
+impl CheckFilter {
+    /// `ret == 0 && cap != 21 && ...` (tracefs's filter syntax).
+    fn expression(&self) -> String {
+        let mut expression = String::from(if self.granted { "ret == 0" } else { "ret != 0" });
+        for cap in &self.seen {
+            expression.push_str(&format!(" && cap != {cap}"));
+        }
+        expression
+    }
+
+    fn write(&self) -> io::Result<()> {
+        fs::write(&self.path, self.expression())
+    }
+
+    /// Whether the check is wanted and its capability new; if so, the kernel drops the
+    /// capability's checks from now on.
+    fn first(&mut self, cap: usize, granted: bool) -> bool {
+        if granted != self.granted || !self.seen.insert(cap) {
+            return false;
+        }
+        if let Err(e) = self.write() {
+            tracing::debug!("updating the capability trace's filter: {e}");
+        }
+        true
+    }
+}
+
+/// Reads the trace pipe until stopped, handing the first wanted check of each capability by a
+/// driver thread to `on_first`.
 fn read_checks(
     mut pipe: fs::File,
     stop: &AtomicBool,
+    mut filter: CheckFilter,
     is_driver: impl Fn(i32) -> bool,
-    mut on_check: impl FnMut(&'static str, bool),
+    mut on_first: impl FnMut(&'static str),
 ) {
     let mut buf = vec![0u8; 1 << 16];
     let mut pending = String::new();
@@ -280,8 +331,12 @@ fn read_checks(
                     let Some((tid, cap, granted)) = parse_check(&line) else {
                         continue;
                     };
-                    if *drivers.entry(tid).or_insert_with(|| is_driver(tid)) {
-                        on_check(cap, granted);
+                    if *drivers.entry(tid).or_insert_with(|| is_driver(tid))
+                        && filter.first(cap, granted)
+                    {
+                        if let Some(name) = CAPABILITY_NAMES.get(cap) {
+                            on_first(name);
+                        }
                     }
                 }
             }
@@ -296,11 +351,11 @@ fn read_checks(
     }
 }
 
-/// The thread, the capability and whether it was granted, of one check (a `cap_capable`
+/// The thread, the capability's number and whether it was granted, of one check (a `cap_capable`
 /// line of the trace), unless it is rebound's own (the sandbox's set-up before the driver's
 /// exec still runs as `rebound`).
 /// `  fuse2fs-1234  [001] ..... 12.5: cap_capable: cred 0x.., ..., cap 21, ret 0`
-fn parse_check(line: &str) -> Option<(i32, &'static str, bool)> {
+fn parse_check(line: &str) -> Option<(i32, usize, bool)> {
     let (task, event) = line.split_once(" [")?;
     let (comm, tid) = task.trim().rsplit_once('-')?;
     if comm == "rebound" {
@@ -315,7 +370,7 @@ fn parse_check(line: &str) -> Option<(i32, &'static str, bool)> {
     };
     let granted = field("ret ")? == 0;
     let cap = usize::try_from(field("cap ")?).ok()?;
-    Some((tid.parse().ok()?, CAPABILITY_NAMES.get(cap)?, granted))
+    Some((tid.parse().ok()?, cap, granted))
 }
 
 /// Whether thread `tid` belongs to a process of `pids`.
@@ -336,13 +391,39 @@ mod tests {
     fn checks_are_read_from_trace_lines() {
         let line = "   fuse2fs-1234    [001] ..... 12.500: cap_capable: cred 0000000012345678, \
                     target_ns 00000000abcd, capable_ns 00000000abcd, cap 0, ret 0\n";
-        assert_eq!(parse_check(line), Some((1234, "CAP_CHOWN", true)));
+        assert_eq!(parse_check(line), Some((1234, 0, true)));
         let own = line.replace("fuse2fs-1234", "rebound-77");
         assert_eq!(parse_check(&own), None);
         let dashed = line.replace("fuse2fs-1234", "mount.ntfs-3g-99");
-        assert_eq!(parse_check(&dashed), Some((99, "CAP_CHOWN", true)));
+        assert_eq!(parse_check(&dashed), Some((99, 0, true)));
         let refused = line.replace("ret 0", "ret -1");
-        assert_eq!(parse_check(&refused), Some((1234, "CAP_CHOWN", false)));
+        assert_eq!(parse_check(&refused), Some((1234, 0, false)));
         assert_eq!(parse_check("# tracer: nop\n"), None);
+    }
+
+    #[test]
+    fn the_filter_keeps_the_kind_wanted_of_capabilities_not_yet_seen() {
+        let dir = std::env::temp_dir().join(format!("rebound-filter-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let mut filter = CheckFilter {
+            path: dir.join("filter"),
+            granted: false,
+            seen: BTreeSet::new(),
+        };
+        assert_eq!(filter.expression(), "ret != 0");
+        assert!(
+            !filter.first(21, true),
+            "a granted check, when refusals are wanted"
+        );
+        assert!(filter.first(21, false));
+        assert!(!filter.first(21, false), "each capability once");
+        assert!(filter.first(2, false));
+        assert_eq!(
+            fs::read_to_string(dir.join("filter")).unwrap(),
+            "ret != 0 && cap != 2 && cap != 21"
+        );
+        filter.granted = true;
+        assert_eq!(filter.expression(), "ret == 0 && cap != 2 && cap != 21");
+        fs::remove_dir_all(&dir).unwrap();
     }
 }
