@@ -600,3 +600,31 @@ def test_in_fast_mode_rebound_s_death_is_survived_once_the_proxy_serves(mount):
         assert mounts.wait_for(lambda: not mounts.alive(last), mounts.STOP_TIMEOUT)
         m.proc.wait(timeout=10)
         m.stopped, m.returncode = True, None
+
+
+def test_a_run_killed_with_its_keeper_leaves_no_observer_attached(mount):
+    """In fast mode a run with a keeper pins its observer, for a successor to drain should
+    rebound die. Killed together with its keeper, nothing ever will: the next run in fast mode
+    removes those pins, and with them the programs that ran at every FUSE request of the
+    host."""
+    pins_root = Path("/sys/fs/bpf/rebound")
+    with mount("passthrough_ll", "rebound", config='mode = "fast"\n') as first:
+        status = wait_serving(first)
+        pins = pins_root / str(status["rebound_pid"])
+        marks = [p.name for p in pins.iterdir() if p.name.startswith("keeper-")] \
+            if pins.is_dir() else []
+        if not marks:
+            pytest.skip(f"no observer pinned with its keeper in {pins} (no BPF file system?)")
+        keeper = int(marks[0].removeprefix("keeper-"))
+        assert b"keep" in Path(f"/proc/{keeper}/cmdline").read_bytes(), marks
+        for pid in (keeper, status["rebound_pid"]):
+            os.kill(pid, signal.SIGKILL)
+            assert mounts.wait_for(lambda: not mounts.alive(pid), 10), pid
+        assert pins.is_dir(), "the pins went before a run could find them stale"
+        with mount("passthrough_ll", "rebound", config='mode = "fast"\n') as second:
+            assert wait_serving(second)["data_path"] == "fast"
+            assert not pins.exists(), explain(second, f"{pins} stayed")
+        # The first driver serves on, alone: it goes as after any unmount, its standby with it.
+        mounts.umount(first.mnt)
+        mounts.kill_all(list(first.leftover_processes()))
+        first.stopped, first.returncode = True, None

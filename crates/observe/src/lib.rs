@@ -105,11 +105,17 @@ impl Drop for Observer {
     }
 }
 
-/// Removes what an observer pinned in `dir`, and `dir`: its programs detach once nothing
-/// else holds them (a live observer's descriptors still do).
+/// Removes what an observer pinned in `dir`, what its owner marked there (empty
+/// directories), and `dir`: its programs detach once nothing else holds them (a live
+/// observer's descriptors still do).
 pub fn remove_pins(dir: &Path) {
-    for name in PROGRAMS.iter().map(|(p, _)| *p).chain(PINNED_MAPS) {
-        let _ = std::fs::remove_file(dir.join(name));
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = std::fs::remove_dir(path);
+        } else {
+            let _ = std::fs::remove_file(path);
+        }
     }
     let _ = std::fs::remove_dir(dir);
 }

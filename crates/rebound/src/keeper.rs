@@ -76,6 +76,8 @@ pub struct KeptMount {
 /// A run's end of the socket to its keeper.
 pub struct Keeper {
     socket: OwnedFd,
+    /// The keeper's pid, which it sends first; `None` if it died before.
+    pid: Option<u32>,
     last_status: Option<(Instant, MountStatus)>,
     ended: bool,
 }
@@ -101,8 +103,16 @@ impl Keeper {
             .status()
             .context("starting the keeper")?;
         anyhow::ensure!(status.success(), "the keeper did not start ({status})");
+        // Its first message; only the keeper holds the other end now, so a keeper that died
+        // before sending it ends the wait.
+        let mut pid = [0u8; 4];
+        let pid = match rustix::net::recv(&ours, &mut pid, RecvFlags::empty()) {
+            Ok((4, _)) => Some(u32::from_le_bytes(pid)),
+            _ => None,
+        };
         Ok(Keeper {
             socket: ours,
+            pid,
             last_status: None,
             ended: false,
         })
@@ -140,6 +150,11 @@ impl Keeper {
             );
         }
         self.last_status = Some((Instant::now(), status));
+    }
+
+    /// The keeper's pid, if it said it.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
     }
 
     /// The run ends: the keeper exits without taking anything over.
@@ -193,7 +208,13 @@ pub fn main(detached: bool) -> ExitCode {
             }
         };
     }
-    match keep(std::io::stdin().as_fd()) {
+    let socket = std::io::stdin();
+    let _ = rustix::net::send(
+        socket.as_fd(),
+        &std::process::id().to_le_bytes(),
+        SendFlags::empty(),
+    );
+    match keep(socket.as_fd()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("keeper: {e:#}");
@@ -416,8 +437,9 @@ pub fn pins_of(pid: u32) -> PathBuf {
 
 /// [`pins_of`] this run, with the BPF file system mounted at `/sys/fs/bpf` if it was not;
 /// `None` (said why) if it cannot be: the observer is then not pinned, and rebound's death
-/// before the driver's first failure loses what it had not yet drained.
-pub fn observer_pins(pid: u32) -> Option<PathBuf> {
+/// before the driver's first failure loses what it had not yet drained. The run's `keeper`
+/// (its pid) is marked there, and pins that no live run or keeper can use any more go.
+pub fn observer_pins(pid: u32, keeper: Option<u32>) -> Option<PathBuf> {
     let is_bpf_fs = || rustix::fs::statfs(BPF_FS).is_ok_and(|s| s.f_type == BPF_FS_MAGIC);
     if !is_bpf_fs() {
         let mounted = rustix::mount::mount(
@@ -440,9 +462,47 @@ pub fn observer_pins(pid: u32) -> Option<PathBuf> {
             }
         }
     }
+    remove_stale_pins();
     // A run that died with this pid and was never taken over may have left its pins here;
     // pinning over them would fail (and with it fast mode).
     let dir = pins_of(pid);
     rebound_observe::remove_pins(&dir);
+    if let Some(keeper) = keeper {
+        if let Err(e) = std::fs::create_dir_all(dir.join(format!("{KEEPER_MARK}{keeper}"))) {
+            tracing::debug!("marking the keeper by the observer's pins: {e}");
+        }
+    }
     Some(dir)
+}
+
+/// How a pins directory names the keeper that may take them over: `keeper-PID`.
+const KEEPER_MARK: &str = "keeper-";
+
+/// Removes the pins of runs that are gone and whose keeper is gone too (both killed): nothing
+/// will ever drain them, and pinned, their programs stay attached and run at every FUSE
+/// request and `kfree` of the host.
+fn remove_stale_pins() {
+    // (A zombie is gone: a killed keeper is nobody's child, and may wait to be reaped.)
+    let alive = |pid: &str| pid.parse().is_ok_and(crate::supervisor::runs_on);
+    let root = PathBuf::from(BPF_FS).join("rebound");
+    for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.parse::<u32>().is_err() || alive(&name) {
+            continue;
+        }
+        let kept = std::fs::read_dir(entry.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                let mark = e.file_name().to_string_lossy().into_owned();
+                mark.strip_prefix(KEEPER_MARK).is_some_and(alive)
+            });
+        if !kept {
+            tracing::info!(
+                "removing the observer pinned by run {name}, which is gone with its keeper"
+            );
+            rebound_observe::remove_pins(&entry.path());
+        }
+    }
 }

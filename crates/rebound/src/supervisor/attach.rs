@@ -66,7 +66,10 @@ impl Run<'_> {
         }
         // With a keeper, the observer is pinned: it must outlive rebound (see `keeper`).
         let pins = (first_mount.is_some() && self.config.fast() && self.keeper.is_some())
-            .then(|| crate::keeper::observer_pins(std::process::id()))
+            .then(|| {
+                let keeper = self.keeper.as_ref().and_then(crate::keeper::Keeper::pid);
+                crate::keeper::observer_pins(std::process::id(), keeper)
+            })
             .flatten();
         let fast = self.config.fast().then_some(intercept::Fast {
             pins: pins.as_deref(),

@@ -52,6 +52,7 @@ use crate::proxy::{Proxy, ProxyEvent};
 use crate::sandbox::MountPoint;
 use crate::service::ServiceManager;
 use command::DriverCommand;
+pub(crate) use process::runs_on;
 use process::Exit;
 pub use reload::{installed_binary, Death, Succession};
 use restart::Cause;
