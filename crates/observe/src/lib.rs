@@ -14,7 +14,7 @@
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use aya::maps::{Array, MapData, RingBuf};
+use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::BtfTracePoint;
 use aya::{Btf, Ebpf, EbpfLoader};
@@ -83,7 +83,7 @@ pub struct Observer {
     /// Holds the programs attached.
     _bpf: Ebpf,
     ring: RingBuf<MapData>,
-    ended: Array<MapData, u64>,
+    ended: PerCpuArray<MapData, u64>,
     /// The `started` array's slots (the unique of a request that has not ended, or 0), mapped.
     started: rebound_sys::bpf_map::SharedArray,
     /// The uniques [`Observer::oldest_waiting`] last found there, and when each was first.
@@ -186,7 +186,7 @@ impl Observer {
         let ended = bpf
             .take_map("ended")
             .ok_or_else(|| ObserveError::Load("no map `ended`".into()))?;
-        let ended = Array::try_from(ended).map_err(|e| ObserveError::Load(e.to_string()))?;
+        let ended = PerCpuArray::try_from(ended).map_err(|e| ObserveError::Load(e.to_string()))?;
         let started = bpf
             .take_map("started")
             .ok_or_else(|| ObserveError::Load("no map `started`".into()))?;
@@ -224,7 +224,15 @@ impl Observer {
 
     /// How many of the connection's requests have ended since the attach, reported or not.
     pub fn ended(&self) -> u64 {
-        self.ended.get(&0, 0).unwrap_or(0)
+        self.ended_in(0)
+    }
+
+    /// Slot `slot` of the `ended` counts, summed over the CPUs.
+    fn ended_in(&self, slot: u32) -> u64 {
+        self.ended
+            .get(&slot, 0)
+            .map(|counts| counts.iter().sum())
+            .unwrap_or(0)
     }
 
     /// How long the oldest of the connection's requests that have not ended has waited, as
@@ -247,7 +255,7 @@ impl Observer {
     /// The same, by opcode: slot N counts opcode N (opcodes from `OPCODE_SLOTS - 1` up share
     /// the last). One map read per slot: for a periodic look, not for every batch.
     pub fn ended_by_opcode(&self) -> [u64; OPCODE_SLOTS] {
-        std::array::from_fn(|slot| self.ended.get(&(1 + slot as u32), 0).unwrap_or(0))
+        std::array::from_fn(|slot| self.ended_in(1 + slot as u32))
     }
 
     /// The connection observed, as the kernel numbers it (`fc->dev`; its directory in
