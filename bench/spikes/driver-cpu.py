@@ -34,7 +34,7 @@ def measure(driver, work, config, binary):
             mounts.wait_for(lambda: mounts.rebound_ready(m.mnt), 10)
             pid = mounts.mount_status(m.mnt)["driver_pid"]
         else:
-            pid = mounts.procs_mentioning(str(m.mnt))[0]
+            pid = m.driver_pids[0]  # (fuse2fs, passthrough_ll: one process)
         if not (m.mnt / "readfile").exists():
             subprocess.run(["fio", "--name=w", f"--filename={m.mnt}/readfile", "--rw=write",
                             "--bs=1M", "--size=128M"], capture_output=True, check=True)
@@ -53,8 +53,7 @@ def measure(driver, work, config, binary):
                       if line.split(",")[2:3] == ["task-clock"])
         return read["bw"] / 1024, cpu_ms * 1e3 / read["total_ios"]
     finally:
-        m.stop()
-        m.cleanup()
+        m.stop()  # (not cleanup(): it removes the work directory all targets share)
 
 
 def main():
