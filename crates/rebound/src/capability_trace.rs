@@ -1,6 +1,5 @@
 //! The driver's capability checks, traced (the kernel's `capability:cap_capable` tracepoint,
-//! Linux 6.14+, through a tracefs instance of rebound's own that follows only rebound's tasks
-//! and what they fork), for two uses:
+//! Linux 6.14+, through a tracefs instance of rebound's own), for two uses:
 //! - learning mode (`rebound run --learn FILE`): the driver runs in its usual view with every
 //!   capability rebound has and no system call denied; the capabilities the kernel granted it
 //!   and the calls of the deny list it made (reported by the filter, then let through) are
@@ -16,12 +15,19 @@
 //! `cap_vm_enough_memory`), and reading and parsing those lines took 80% of rebound's CPU in
 //! fast mode.
 //!
+//! Which tasks are traced: learning mode follows rebound's tasks and what they fork
+//! (`set_event_pid`), so the driver's helpers count too. That costs every context switch and
+//! wake-up of the host a probe (the kernel keeps per-CPU "ignore this task" flags current),
+//! 0.57 µs of a fuse2fs request. The refusal log, which runs as long as the driver, follows
+//! the driver's command name instead (`comm` in the filter, checked only at a capability
+//! check), and rebound's check that the task is the driver's does the rest.
+//!
 //! Owns: the tracefs instance, the reading thread, the learned sets and the file.
 //! Must not: grant anything (the sandbox does, from the config) or decide what a driver
 //! should have: it writes what was used, for the operator to review.
 
 use std::collections::{BTreeSet, HashMap};
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
@@ -51,10 +57,12 @@ struct CapabilityTrace {
 impl CapabilityTrace {
     /// `is_driver(tid)` says whether a thread is one of the driver's (its helpers' included);
     /// `on_first(capability)` gets each capability the first time the kernel granted it to
-    /// one (`granted`), or refused it (not `granted`). Fails when tracefs or the tracepoint
-    /// is missing.
+    /// one (`granted`), or refused it (not `granted`). With `comm`, only tasks of that name
+    /// are traced; else rebound's tasks and what they fork. Fails when tracefs or the
+    /// tracepoint is missing.
     fn start(
         granted: bool,
+        comm: Option<String>,
         is_driver: impl Fn(i32) -> bool + Send + 'static,
         on_first: impl FnMut(&'static str) + Send + 'static,
     ) -> anyhow::Result<CapabilityTrace> {
@@ -79,20 +87,24 @@ impl CapabilityTrace {
             stop: Arc::new(AtomicBool::new(false)),
             instance,
         };
-        // Only rebound's own tasks and what they start (drivers, standbys, helpers) are
-        // traced, in the kernel: the rest of the host's checks never reach the buffer.
-        let tasks: Vec<String> = fs::read_dir("/proc/self/task")
-            .context("listing rebound's threads")?
-            .flatten()
-            .map(|t| t.file_name().to_string_lossy().into_owned())
-            .collect();
-        fs::write(trace.instance.join("options/event-fork"), "1")
-            .context("following forks in the trace")?;
-        fs::write(trace.instance.join("set_event_pid"), tasks.join(" "))
-            .context("tracing rebound's tasks only")?;
+        // Only the driver's tasks (by name), or rebound's own tasks and what they start
+        // (drivers, standbys, helpers), are traced, in the kernel: the rest of the host's
+        // checks never reach the buffer.
+        if comm.is_none() {
+            let tasks: Vec<String> = fs::read_dir("/proc/self/task")
+                .context("listing rebound's threads")?
+                .flatten()
+                .map(|t| t.file_name().to_string_lossy().into_owned())
+                .collect();
+            fs::write(trace.instance.join("options/event-fork"), "1")
+                .context("following forks in the trace")?;
+            fs::write(trace.instance.join("set_event_pid"), tasks.join(" "))
+                .context("tracing rebound's tasks only")?;
+        }
         let filter = CheckFilter {
             path: trace.instance.join(FILTER),
             granted,
+            comm,
             seen: BTreeSet::new(),
         };
         filter.write().context("filtering the capability trace")?;
@@ -154,12 +166,14 @@ pub struct RefusalLog {
 }
 
 impl RefusalLog {
-    /// `grantable`: the capabilities rebound itself has (bit n is capability n).
+    /// `grantable`: the capabilities rebound itself has (bit n is capability n); `program`:
+    /// the driver's program (its name is what the kernel calls its tasks).
     pub fn start(
         grantable: u64,
+        program: &OsStr,
         is_driver: impl Fn(i32) -> bool + Send + 'static,
     ) -> anyhow::Result<RefusalLog> {
-        let trace = CapabilityTrace::start(false, is_driver, move |cap| {
+        let trace = CapabilityTrace::start(false, task_name(program), is_driver, move |cap| {
             let grantable = capability_number(cap).is_some_and(|n| grantable & (1 << n) != 0);
             if grantable {
                 tracing::info!(
@@ -171,6 +185,16 @@ impl RefusalLog {
         })?;
         Ok(RefusalLog { _trace: trace })
     }
+}
+
+/// The name the kernel gives the tasks of `program` once it is executed (its file name, cut to
+/// 15 bytes), if a filter can name it (printable, without quotes or backslashes).
+fn task_name(program: &OsStr) -> Option<String> {
+    let name = Path::new(program).file_name()?.as_encoded_bytes();
+    let name = &name[..name.len().min(15)];
+    let printable = |b: &u8| b.is_ascii_graphic() && !matches!(b, b'"' | b'\\');
+    (!name.is_empty() && name.iter().all(printable))
+        .then(|| String::from_utf8_lossy(name).into_owned())
 }
 
 fn capability_number(name: &str) -> Option<usize> {
@@ -219,7 +243,7 @@ impl Learner {
             .write()
             .with_context(|| format!("writing {}", out.display()))?;
         let recorder = learned.clone();
-        let trace = CapabilityTrace::start(true, is_driver, move |cap| {
+        let trace = CapabilityTrace::start(true, None, is_driver, move |cap| {
             let mut learned = recorder.lock().unwrap_or_else(|e| e.into_inner());
             if learned.capabilities.insert(cap) {
                 tracing::info!("learning: the driver uses {cap}");
@@ -278,6 +302,8 @@ impl Learned {
 struct CheckFilter {
     path: PathBuf,
     granted: bool,
+    /// The tasks' name, when they are traced by name.
+    comm: Option<String>,
     seen: BTreeSet<usize>,
 }
 
@@ -285,6 +311,9 @@ impl CheckFilter {
     /// `ret == 0 && cap != 21 && ...` (tracefs's filter syntax).
     fn expression(&self) -> String {
         let mut expression = String::from(if self.granted { "ret == 0" } else { "ret != 0" });
+        if let Some(comm) = &self.comm {
+            expression.push_str(&format!(" && comm == \"{comm}\""));
+        }
         for cap in &self.seen {
             expression.push_str(&format!(" && cap != {cap}"));
         }
@@ -402,12 +431,26 @@ mod tests {
     }
 
     #[test]
+    fn tasks_are_named_as_the_kernel_names_them() {
+        let name = |p: &str| task_name(OsStr::new(p));
+        assert_eq!(name("/usr/bin/fuse2fs").as_deref(), Some("fuse2fs"));
+        assert_eq!(name("mount.ntfs-3g").as_deref(), Some("mount.ntfs-3g"));
+        assert_eq!(
+            name("/x/a-very-long-driver-name").as_deref(),
+            Some("a-very-long-dri")
+        );
+        assert_eq!(name("/x/with\"quote"), None);
+        assert_eq!(name("/"), None);
+    }
+
+    #[test]
     fn the_filter_keeps_the_kind_wanted_of_capabilities_not_yet_seen() {
         let dir = std::env::temp_dir().join(format!("rebound-filter-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         let mut filter = CheckFilter {
             path: dir.join("filter"),
             granted: false,
+            comm: None,
             seen: BTreeSet::new(),
         };
         assert_eq!(filter.expression(), "ret != 0");
@@ -424,6 +467,11 @@ mod tests {
         );
         filter.granted = true;
         assert_eq!(filter.expression(), "ret == 0 && cap != 2 && cap != 21");
+        filter.comm = Some("fuse2fs".into());
+        assert_eq!(
+            filter.expression(),
+            "ret == 0 && comm == \"fuse2fs\" && cap != 2 && cap != 21"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }

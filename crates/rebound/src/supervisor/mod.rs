@@ -29,7 +29,7 @@ mod timers;
 mod upgrade;
 
 use std::collections::{BTreeSet, VecDeque};
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -256,6 +256,7 @@ pub fn run(
     let _refusals = match (&learner, config.sandbox.profile) {
         (None, Profile::Default | Profile::Strict) => crate::capability_trace::RefusalLog::start(
             crate::sandbox::own_capabilities(),
+            argv.first().map_or(OsStr::new(""), |p| p.as_os_str()),
             drivers_thread,
         )
         .inspect_err(|e| tracing::debug!("capability refusals are not logged: {e:#}"))
