@@ -17,8 +17,8 @@
 //!
 //! Which tasks are traced: learning mode follows rebound's tasks and what they fork
 //! (`set_event_pid`), so the driver's helpers count too. That costs every context switch and
-//! wake-up of the host a probe (the kernel keeps per-CPU "ignore this task" flags current),
-//! 0.57 µs of a fuse2fs request. The refusal log, which runs as long as the driver, follows
+//! wake-up of the host a probe (the kernel keeps per-CPU "ignore this task" flags current):
+//! 0.3 µs of fuse2fs's CPU per request (bench/results/fast-mode-costs-2026-11-27.md). The refusal log, which runs as long as the driver, follows
 //! the driver's command name instead (`comm` in the filter, checked only at a capability
 //! check), and rebound's check that the task is the driver's does the rest.
 //!
