@@ -41,10 +41,11 @@ def errno_of(action, path, timeout=10):
 
 
 class Running:
-    """`rebound run [OPTIONS] -- DRIVER...` in the background, stderr to a file, always
-    cleaned up."""
+    """`rebound run [OPTIONS] -- DRIVER...` in the background (run by `prefix`, a command such as
+    `setpriv ...`, if given), stderr to a file, always cleaned up."""
 
-    def __init__(self, work, driver_argv, config=None, env=None, cwd=None, options=()):
+    def __init__(self, work, driver_argv, config=None, env=None, cwd=None, options=(),
+                 prefix=()):
         self.work = work
         self.mnt = work / "mnt"
         self.mnt.mkdir(exist_ok=True)
@@ -54,8 +55,8 @@ class Running:
             (work / "rebound.toml").write_text(config)
             options = ["--config", str(work / "rebound.toml")]
         with open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen([str(mounts.rebound_bin()), "run"] + options + ["--"]
-                                         + driver_argv,
+            self.proc = subprocess.Popen([*prefix, str(mounts.rebound_bin()), "run"] + options
+                                         + ["--"] + driver_argv,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=err, start_new_session=True, env=env,
                                          cwd=cwd)

@@ -377,6 +377,26 @@ def test_a_capability_the_sandbox_keeps_from_the_driver_is_named_with_its_key(wo
         r.cleanup()
 
 
+def test_a_capability_rebound_lacks_itself_is_left_out_with_a_warning(workdir):
+    """A listed capability that rebound does not have (a container's root often lacks
+    CAP_SYS_RESOURCE or CAP_LINUX_IMMUTABLE; here rebound runs with CAP_SYS_TIME out of its
+    bounding set) cannot be passed on: the driver starts without it, where capset(2) used to
+    fail the start with EPERM, and the log names it."""
+    src = workdir / "src"
+    src.mkdir()
+    r = Running(workdir, [str(mounts.fixture_bin("passthrough_ll")), "-o", f"source={src}",
+                          "-f", str(workdir / "mnt")],
+                config='[sandbox]\ncapabilities = ["CAP_CHOWN", "CAP_SYS_TIME"]\n',
+                prefix=("setpriv", "--bounding-set", "-sys_time", "--"))
+    try:
+        r.wait_mounted()
+        kept = int(proc_status(status_of(r.mnt)["driver_pid"])["CapEff"], 16)
+        assert kept == 1 << 0, hex(kept)  # CAP_CHOWN only
+        assert "does not have CAP_SYS_TIME itself" in r.stderr(), r.stderr()
+    finally:
+        r.cleanup()
+
+
 @pytest.mark.parametrize("text, key", [
     ("[sandbox]\nprofil = \"strict\"\n", "profil"),
     ("[sandbox]\nprofile = \"lax\"\n", "sandbox.profile"),

@@ -124,6 +124,16 @@ pub fn deniable_names() -> String {
         .join(", ")
 }
 
+/// The names of the capabilities in `bits` (bit n: capability n), in number order.
+pub fn capability_names(bits: u64) -> Vec<&'static str> {
+    CAPABILITY_NAMES
+        .iter()
+        .enumerate()
+        .filter(|&(n, _)| bits & (1 << n) != 0)
+        .map(|(_, name)| *name)
+        .collect()
+}
+
 /// The number of capability `name` (`"CAP_CHOWN"`, or `"chown"`).
 pub fn capability(name: &str) -> Option<u32> {
     let upper = name.to_ascii_uppercase();
@@ -285,8 +295,9 @@ pub fn build(
         );
     }
     // Learning: every capability rebound has itself, to see which are used.
-    sandbox.capabilities = Some(if learning {
-        own_capabilities()
+    let own = own_capabilities();
+    let wanted = if learning {
+        own
     } else {
         kept.into_iter()
             .chain(
@@ -296,7 +307,19 @@ pub fn build(
             )
             .filter_map(capability)
             .fold(0u64, |bits, cap| bits | 1 << cap)
-    });
+    };
+    // A capability rebound lacks (a container's root often has no CAP_SYS_RESOURCE or
+    // CAP_LINUX_IMMUTABLE) cannot be passed on: capset(2) would fail the start. Without it the
+    // driver has what it would have run directly here.
+    let lacking = wanted & !own;
+    if lacking != 0 && matches!(mountpoint, MountPoint::Unknown) {
+        tracing::warn!(
+            "rebound does not have {} itself (not in its permitted set), so the driver runs \
+             without",
+            capability_names(lacking).join(", ")
+        );
+    }
+    sandbox.capabilities = Some(wanted & own);
     // Every path bound into the view, and whether the driver may write it; sorted, so that a
     // directory is bound before what lies below it.
     let mut grants: BTreeMap<PathBuf, bool> = BTreeMap::new();
@@ -720,6 +743,15 @@ fn c_path(path: &Path) -> CString {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capability_names_of_a_set_come_in_number_order() {
+        assert_eq!(
+            capability_names(1 << 24 | 1),
+            ["CAP_CHOWN", "CAP_SYS_RESOURCE"]
+        );
+        assert!(capability_names(0).is_empty());
+    }
 
     #[test]
     fn capability_names_are_found_with_or_without_prefix() {
