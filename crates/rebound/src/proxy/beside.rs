@@ -250,24 +250,26 @@ fn drain(shared: &Shared, readers: &mut ForgetReaders) -> bool {
         shared.stats.by_opcode.observed(&observer.ended_by_opcode());
     }
     drop(counted);
-    for event in events {
-        match event {
-            Event::Request {
-                request,
-                mut reply,
-                cut,
-            } => observed_request(shared, &request, &mut reply, cut),
-            Event::Forget {
-                node,
-                count,
-                reader,
-            } if readers.is_driver(reader) => {
-                // The driver has it already; only the table's count drops.
-                let _ = shared.objects().forget(node, count);
+    shared.journal_after(|| {
+        for event in events {
+            match event {
+                Event::Request {
+                    request,
+                    mut reply,
+                    cut,
+                } => observed_request(shared, &request, &mut reply, cut),
+                Event::Forget {
+                    node,
+                    count,
+                    reader,
+                } if readers.is_driver(reader) => {
+                    // The driver has it already; only the table's count drops.
+                    let _ = shared.objects().forget(node, count);
+                }
+                Event::Forget { .. } => {}
             }
-            Event::Forget { .. } => {}
         }
-    }
+    });
     true
 }
 
@@ -356,17 +358,19 @@ pub(super) fn replay_pinned(shared: &Shared, dir: &std::path::Path) {
     match rebound_observe::drain_pinned(dir) {
         Ok(events) => {
             let mut requests = 0;
-            for event in events {
-                if let Event::Request {
-                    request,
-                    mut reply,
-                    cut,
-                } = event
-                {
-                    observed_request(shared, &request, &mut reply, cut);
-                    requests += 1;
+            shared.journal_after(|| {
+                for event in events {
+                    if let Event::Request {
+                        request,
+                        mut reply,
+                        cut,
+                    } = event
+                    {
+                        observed_request(shared, &request, &mut reply, cut);
+                        requests += 1;
+                    }
                 }
-            }
+            });
             tracing::info!(
                 "{requests} requests the dead rebound's observer saw last are in the tracker"
             );
