@@ -2,10 +2,12 @@
 //! driver's command line, what it sees (its mount namespace), what it may write, which system
 //! calls it may not make, which capabilities it keeps, its network and its rlimits.
 //!
-//! Owns: the deny lists, the profiles' views of the file system, the capability names.
+//! Owns: the deny lists, the profiles' views of the file system (capabilities by name:
+//! `capabilities`).
 //! Must not: apply any of it (`rebound_sys::sandbox` does, between fork and exec) or make
 //! a path lookup on the driver's mount point (the mount may be waiting for this driver).
 
+mod capabilities;
 pub mod named;
 pub mod program;
 
@@ -14,7 +16,8 @@ use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rebound_sys::sandbox::{NewRoot, Sandbox, Step, CAPABILITY_NAMES};
+pub use capabilities::{capability, capability_names, own_capabilities};
+use rebound_sys::sandbox::{NewRoot, Sandbox, Step};
 
 use crate::config::{Config, Profile};
 use crate::paths::normalize;
@@ -86,17 +89,6 @@ pub const STRICT_DENIED_SYSCALLS: &[(&str, i64)] = &[
     ("personality", libc::SYS_personality),
 ];
 
-/// The capabilities this process may pass on (its permitted set), from `/proc/self/status`.
-pub fn own_capabilities() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            let hex = status.lines().find_map(|l| l.strip_prefix("CapPrm:"))?;
-            u64::from_str_radix(hex.trim(), 16).ok()
-        })
-        .unwrap_or(0)
-}
-
 /// Whether some profile denies the system call `name` (what `allow_syscalls` may name).
 pub fn deniable(name: &str) -> bool {
     DENIED_SYSCALLS
@@ -122,30 +114,6 @@ pub fn deniable_names() -> String {
         .map(|(n, _)| *n)
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// The names of the capabilities in `bits` (bit n: capability n), in number order.
-pub fn capability_names(bits: u64) -> Vec<&'static str> {
-    CAPABILITY_NAMES
-        .iter()
-        .enumerate()
-        .filter(|&(n, _)| bits & (1 << n) != 0)
-        .map(|(_, name)| *name)
-        .collect()
-}
-
-/// The number of capability `name` (`"CAP_CHOWN"`, or `"chown"`).
-pub fn capability(name: &str) -> Option<u32> {
-    let upper = name.to_ascii_uppercase();
-    let full = if upper.starts_with("CAP_") {
-        upper
-    } else {
-        format!("CAP_{upper}")
-    };
-    CAPABILITY_NAMES
-        .iter()
-        .position(|n| *n == full)
-        .map(|i| i as u32)
 }
 
 /// Where the driver's new root is assembled (in its own mount namespace only).
@@ -743,22 +711,6 @@ fn c_path(path: &Path) -> CString {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn capability_names_of_a_set_come_in_number_order() {
-        assert_eq!(
-            capability_names(1 << 24 | 1),
-            ["CAP_CHOWN", "CAP_SYS_RESOURCE"]
-        );
-        assert!(capability_names(0).is_empty());
-    }
-
-    #[test]
-    fn capability_names_are_found_with_or_without_prefix() {
-        assert_eq!(capability("CAP_SYS_ADMIN"), Some(21));
-        assert_eq!(capability("chown"), Some(0));
-        assert_eq!(capability("CAP_FLY"), None);
-    }
 
     #[test]
     fn mountinfo_escapes_are_undone() {
