@@ -7,9 +7,10 @@
 //! (see `tracker::objects::journal`), the redo log's entries and checkpoints, and the
 //! kernel's INIT and the root's attributes as they change. A table's records are written
 //! while its lock is held, before the reply that made them goes to the kernel, so the file is
-//! never behind what the kernel was told. When a file grows past [`COMPACT_AT`], the next one
-//! starts with a new snapshot, and only then is the old one removed: a reader takes the
-//! newest file whose snapshot is whole. A frame cut short by rebound's death is the last, and
+//! never behind what the kernel was told (beside the path, where the kernel has each reply
+//! before rebound sees it, an observed batch is written at its end). When a file grows past
+//! [`COMPACT_AT`], the next one starts with a new snapshot, and only then is the old one
+//! removed: a reader takes the newest file whose snapshot is whole. A frame cut short by rebound's death is the last, and
 //! is ignored (its reply never reached the kernel).
 //!
 //! Owns: the files' form, writing and reading them. Must not: decide what is journaled (the

@@ -330,7 +330,8 @@ struct Shared {
 }
 
 /// The object table, locked. What it noted is written to the journal (if kept) before the
-/// lock is let go: before the reply that made the change can reach the kernel.
+/// lock is let go: before the reply that made the change can reach the kernel. (A batch
+/// observed beside the path is written at its end: see [`Shared::journal_after`].)
 struct ObjectsGuard<'a> {
     table: MutexGuard<'a, ObjectTable>,
     shared: &'a Shared,
