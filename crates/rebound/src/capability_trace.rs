@@ -18,9 +18,10 @@
 //! Which tasks are traced: learning mode follows rebound's tasks and what they fork
 //! (`set_event_pid`), so the driver's helpers count too. That costs every context switch and
 //! wake-up of the host a probe (the kernel keeps per-CPU "ignore this task" flags current):
-//! 0.3 µs of fuse2fs's CPU per request (bench/results/fast-mode-costs-2026-11-27.md). The refusal log, which runs as long as the driver, follows
-//! the driver's command name instead (`comm` in the filter, checked only at a capability
-//! check), and rebound's check that the task is the driver's does the rest.
+//! 0.3 µs of fuse2fs's CPU per request (bench/results/fast-mode-costs-2026-11-27.md). The
+//! refusal log, which runs as long as the driver, follows the driver's command name instead
+//! (`comm` in the filter, checked only at a capability check), and rebound's check that the
+//! task is the driver's does the rest.
 //!
 //! Owns: the tracefs instance, the reading thread, the learned sets and the file.
 //! Must not: grant anything (the sandbox does, from the config) or decide what a driver
@@ -174,7 +175,8 @@ impl RefusalLog {
         is_driver: impl Fn(i32) -> bool + Send + 'static,
     ) -> anyhow::Result<RefusalLog> {
         let trace = CapabilityTrace::start(false, task_name(program), is_driver, move |cap| {
-            let grantable = capability_number(cap).is_some_and(|n| grantable & (1 << n) != 0);
+            let grantable =
+                crate::sandbox::capability(cap).is_some_and(|n| grantable & (1 << n) != 0);
             if grantable {
                 tracing::info!(
                     "the kernel refused the driver {cap}, which its sandbox keeps from it; if \
@@ -195,10 +197,6 @@ fn task_name(program: &OsStr) -> Option<String> {
     let printable = |b: &u8| b.is_ascii_graphic() && !matches!(b, b'"' | b'\\');
     (!name.is_empty() && name.iter().all(printable))
         .then(|| String::from_utf8_lossy(name).into_owned())
-}
-
-fn capability_number(name: &str) -> Option<usize> {
-    CAPABILITY_NAMES.iter().position(|n| *n == name)
 }
 
 /// What a learning run has seen the driver use.
