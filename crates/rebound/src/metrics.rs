@@ -267,7 +267,7 @@ impl Collector for MountCollector {
         for (name, help, value) in counters {
             family(e, name, help, MetricType::Counter, counter(value))?;
         }
-        let gauges: [(&str, &str, u64); 7] = [
+        let gauges: [(&str, &str, u64); 8] = [
             (
                 "rebound_nodes",
                 "Nodes the kernel holds through the driver",
@@ -282,6 +282,11 @@ impl Collector for MountCollector {
                 "rebound_redo_log_entries",
                 "Acknowledged changes no checkpoint covers yet",
                 s.redo_log_entries,
+            ),
+            (
+                "rebound_standby_lacking_changes",
+                "Logged changes the standby on the image's spare has not been given yet",
+                s.standby_lacks,
             ),
             (
                 "rebound_serving",

@@ -10,10 +10,12 @@
 //! synchronous callers), so the table stays small whatever the traffic.
 
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fuse_wire::ReplyShape;
+use rebound_sys::resident::ResidentBuffer;
 
 use crate::objects::PendingChange;
 
@@ -23,10 +25,53 @@ use crate::objects::PendingChange;
 pub struct RequestBytes {
     /// A buffer of which the first `len` bytes are the request. Ids in it are the driver's
     /// once sent; `patches` holds the kernel's.
-    pub buf: Arc<Vec<u8>>,
+    pub buf: Arc<RequestStore>,
     pub len: usize,
     pub patches: Patches,
 }
+
+/// Where a request's bytes are kept: a copy (small requests), or the very buffer the kernel
+/// wrote a large one into (a WRITE is never copied).
+#[derive(Debug)]
+pub enum RequestStore {
+    Copied(Vec<u8>),
+    Read(ResidentBuffer),
+}
+
+impl Deref for RequestStore {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            RequestStore::Copied(bytes) => bytes,
+            RequestStore::Read(buffer) => buffer,
+        }
+    }
+}
+
+impl DerefMut for RequestStore {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            RequestStore::Copied(bytes) => bytes,
+            RequestStore::Read(buffer) => buffer,
+        }
+    }
+}
+
+/// A copy is always a `Vec`: only the proxy's read buffers need be resident.
+impl Clone for RequestStore {
+    fn clone(&self) -> Self {
+        RequestStore::Copied(self.to_vec())
+    }
+}
+
+impl PartialEq for RequestStore {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for RequestStore {}
 
 impl RequestBytes {
     pub fn bytes(&self) -> &[u8] {
@@ -186,7 +231,7 @@ mod tests {
             change: PendingChange::None,
             queue: 0,
             request: RequestBytes {
-                buf: Arc::new(vec![0; 56]),
+                buf: Arc::new(RequestStore::Copied(vec![0; 56])),
                 len: 56,
                 patches: Patches::default(),
             },

@@ -9,7 +9,7 @@ pub mod inflight;
 pub mod objects;
 pub mod redo;
 
-pub use inflight::{Inflight, InflightTable, Patches, RequestBytes};
+pub use inflight::{Inflight, InflightTable, Patches, RequestBytes, RequestStore};
 pub use objects::{
     DriverForget, DriverNode, Handle, JournalError, Node, ObjectSnapshot, ObjectTable,
     PendingChange, RestorePlan, ToDriver, Untranslated, MAX_PENDING,

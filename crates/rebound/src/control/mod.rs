@@ -125,6 +125,11 @@ pub struct MountStatus {
     /// Recoveries in which a standby successor took over.
     #[serde(default)]
     pub standby_takeovers: u64,
+    /// With `image`: logged changes the standby on the image's spare has not been given yet
+    /// (0 without one). A failure finds a standby lacking many more than a roll-back would
+    /// replay not worth taking over.
+    #[serde(default)]
+    pub standby_lacks: u64,
     /// Upgrades done (`rebound upgrade`): the new driver served.
     #[serde(default)]
     pub upgrades: u64,
@@ -244,6 +249,7 @@ impl StatusBoard {
             status.lost_objects = c.stats.lost_objects.load(Relaxed);
             status.redo_log_entries = c.stats.redo_entries.load(Relaxed);
             status.redo_log_max = c.stats.redo_entries_max.load(Relaxed);
+            status.standby_lacks = c.stats.standby_lacks.load(Relaxed);
             status.checkpoints = c.stats.checkpoints.load(Relaxed);
             status.checkpoint_ms_max = c.stats.checkpoint_us_max.load(Relaxed) as f64 / 1000.0;
             (status.nodes, status.open_handles) = (c.held)();

@@ -405,10 +405,11 @@ pub(super) fn take_over(shared: &Arc<Shared>) -> std::io::Result<bool> {
     }
     // Back in the queue, with FUSE_UNIQUE_RESEND set in their unique: the requests the dead
     // driver had read and not answered.
-    if let Err(e) = super::resend_requests(shared) {
-        tracing::error!(
+    match super::resend_requests(shared) {
+        Ok(parked) => tracing::debug!("{parked} requests the driver had read were sent again"),
+        Err(e) => tracing::error!(
             "FUSE_NOTIFY_RESEND failed ({e}): requests the driver had read stay unanswered"
-        );
+        ),
     }
     // Released only now: a release before the resend would end those requests with an error.
     lock(&beside.devices).clear();

@@ -260,6 +260,11 @@ pub(super) fn follow(shared: &Shared, timeout: Duration) {
         }
         idle = true;
         let mut spare = lock(&shared.spare_standby);
+        let lacks = spare.as_ref().map_or(0, |_| lock(redo).lacking_len());
+        shared
+            .stats
+            .standby_lacks
+            .store(lacks as u64, Ordering::Relaxed);
         let Some(follower) = spare.as_mut() else {
             continue;
         };

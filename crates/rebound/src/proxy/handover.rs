@@ -192,7 +192,9 @@ impl Proxy {
             }
         })?;
         proxy.driver_failed();
-        super::resend_requests(&proxy.shared)?;
+        let parked = super::resend_requests(&proxy.shared)?;
+        tracing::debug!("{parked} requests the driver had read were sent again");
+        super::spawn_queue_readers(&proxy.shared)?;
         Ok(proxy)
     }
 }

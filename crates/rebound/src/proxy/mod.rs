@@ -37,11 +37,12 @@ use std::time::{Duration, Instant};
 use fuse_wire::abi::{self, size, ROOT_ID};
 use fuse_wire::ids::{read_u64, write_u64};
 use fuse_wire::{DriverMessage, InHeader, Opcode, OutHeader, ReplyShape, Request};
+use rebound_sys::resident::ResidentBuffer;
 use rustix::io::Errno;
 use rustix::net::{RecvFlags, SendFlags};
 use tracker::{
     DriverForget, Inflight, InflightTable, ObjectTable, Patches, PendingChange, RequestBytes,
-    ToDriver,
+    RequestStore, ToDriver,
 };
 use zerocopy::FromBytes;
 
@@ -146,6 +147,8 @@ pub struct ProxyStats {
     pub redo_entries: AtomicU64,
     /// The most the redo log has held.
     pub redo_entries_max: AtomicU64,
+    /// Logged changes the standby on the image's spare has not been given yet.
+    pub standby_lacks: AtomicU64,
     /// Checkpoints made, and the longest (with an image checkpoint, requests wait that long).
     pub checkpoints: AtomicU64,
     pub checkpoint_us_max: AtomicU64,
@@ -287,6 +290,8 @@ struct Shared {
     /// The driver's notifications, on their way to the kernel (see [`notifications`]).
     notifications: NotificationQueue,
     refusal_log: LogBudget,
+    /// Lines for requests rebound fails with `EIO` itself (see `answer_in_drivers_place`).
+    eio_log: LogBudget,
     buffers: BufferPool,
     /// The kernel's INIT request as the first driver got it, replayed to every new one.
     init: Mutex<Option<Vec<u8>>>,
@@ -586,6 +591,7 @@ impl Proxy {
             events,
             notifications,
             refusal_log: LogBudget::new(REFUSALS_LOGGED_PER_SECOND),
+            eio_log: LogBudget::new(REFUSALS_LOGGED_PER_SECOND),
             buffers: BufferPool::default(),
             init: Mutex::new(None),
             calls: PrivateCalls::default(),
@@ -617,7 +623,8 @@ impl Proxy {
         };
         restore(&mut shared);
         let shared = Arc::new(shared);
-        if !matches!(*shared.link(), Link::Beside) {
+        // (A successor's readers start once it has parked what the kernel resends.)
+        if matches!(*shared.link(), Link::Serving { .. }) {
             spawn_queue_readers(&shared)?;
         }
         if let Some(interval) = options.checkpoint_interval {
@@ -714,14 +721,51 @@ fn held_objects(shared: &Shared) -> (usize, usize) {
 }
 
 /// `FUSE_NOTIFY_RESEND` (a bare header, `unique` 0, the code in `error`): the kernel puts the
-/// requests being processed on any descriptor of the connection back in its queue, with
-/// [`abi::UNIQUE_RESEND`] set.
-fn resend_requests(shared: &Shared) -> io::Result<()> {
+/// requests being processed on any descriptor of the connection back at the head of its
+/// queue, with [`abi::UNIQUE_RESEND`] set. They are read and parked here, before any queue
+/// reader runs (the link must be `Recovering`), so that each is settled as in flight at the
+/// failure: a reader thread could read one only after a quick successor (a standby) is
+/// attached, which would be given it as new, and a rename the failed driver did half of would
+/// then be done "again" as nothing. Returns how many requests it parked.
+fn resend_requests(shared: &Shared) -> io::Result<usize> {
+    use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
     let mut resend = [0u8; size::OUT_HEADER];
     resend[..4].copy_from_slice(&(size::OUT_HEADER as u32).to_ne_bytes());
     resend[4..8].copy_from_slice(&(fuse_wire::NotifyCode::Resend as i32).to_ne_bytes());
-    rustix::io::write(&shared.queues[0], &resend)?;
-    Ok(())
+    let queue = &shared.queues[0];
+    rustix::io::write(queue, &resend)?;
+    // Non-blocking for this drain only: no reader shares the descriptor yet.
+    let flags = fcntl_getfl(queue)?;
+    fcntl_setfl(queue, flags | OFlags::NONBLOCK)?;
+    let mut buf = shared.buffers.take();
+    let mut parked = 0;
+    let drained = loop {
+        let len = match rustix::io::read(queue, &mut buf[..]) {
+            Ok(len) => len,
+            Err(Errno::INTR | Errno::NOENT) => continue,
+            Err(Errno::INVAL) if shared.buffers.grow(&mut buf) => continue,
+            Err(Errno::AGAIN) => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        let header = InHeader::read_from_prefix(&buf[..len]).ok().map(|(h, _)| h);
+        let resent = header.is_some_and(|h| h.unique & abi::UNIQUE_RESEND != 0);
+        let opcode = header.and_then(|h| Opcode::from_raw(h.opcode));
+        requests::on_request(shared, 0, &mut buf, len);
+        // Resent ones come first (interrupts and forgets may come among them): the first
+        // new request ends the drain, the readers take the rest.
+        if resent {
+            parked += 1;
+        } else if !matches!(
+            opcode,
+            Some(Opcode::Interrupt | Opcode::Forget | Opcode::BatchForget)
+        ) {
+            break Ok(());
+        }
+    };
+    shared.buffers.give(buf);
+    fcntl_setfl(queue, flags)?;
+    drained?;
+    Ok(parked)
 }
 
 /// Locks `mutex`, whether or not a thread panicked holding it (what it guards stays usable:

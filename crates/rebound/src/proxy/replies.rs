@@ -640,7 +640,16 @@ pub(super) fn answer_with(shared: &Shared, unique: u64, queue: usize, body: &[u8
     write_to_kernel(shared, queue, &success_reply(unique, body));
 }
 
+#[track_caller]
 pub(super) fn answer_in_drivers_place(shared: &Shared, unique: u64, queue: usize, errno: Errno) {
+    // An application sees an error rebound gave: always worth a line (the place it was
+    // decided, for the reason logged beside it).
+    if errno == Errno::IO && shared.eio_log.allow() {
+        tracing::warn!(
+            "request {unique} answered with EIO in the driver's place ({})",
+            std::panic::Location::caller()
+        );
+    }
     let reply = fuse_wire::error_reply(unique, errno.raw_os_error());
     write_to_kernel(shared, queue, &reply);
 }

@@ -45,6 +45,7 @@ pub(super) fn kernel_to_driver(shared: &Shared, queue: usize) {
             Ok(len) => len,
             // ENOENT: the request was interrupted before it could be read.
             Err(Errno::INTR | Errno::NOENT | Errno::AGAIN) => continue,
+            Err(Errno::INVAL) if shared.buffers.grow(&mut buf) => continue,
             Err(Errno::NODEV) => return shared.report(ProxyEvent::KernelGone),
             Err(e) => {
                 tracing::error!("reading /dev/fuse: {e}");
@@ -87,7 +88,7 @@ impl RequestInfo {
 
 /// Handles one request read from the kernel into `buf[..len]`. A large request that must wait
 /// for its reply takes `buf` with it (a fresh one takes its place).
-pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut Vec<u8>, len: usize) {
+pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer, len: usize) {
     let msg = &mut buf[..len];
     let info = match RequestInfo::of(msg) {
         Ok(info) => info,
@@ -407,9 +408,11 @@ pub(super) fn forward_forgets(shared: &Shared, msg: &mut [u8]) {
 
 /// Read buffers for the kernel's requests, recycled so that large requests waiting for their
 /// reply do not cost an allocation each. `BUFFER_SIZE`, unless a first driver in fast mode
-/// told the kernel a larger `max_write` (see [`BufferPool::fit`]).
+/// told the kernel a larger `max_write` (see [`BufferPool::fit`]). Each is a
+/// [`ResidentBuffer`]: a read that needed a page fault could be failed by the kernel with
+/// `EIO` for the application, were rebound killed during it.
 pub(super) struct BufferPool {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Vec<ResidentBuffer>>,
     size: AtomicUsize,
 }
 
@@ -425,14 +428,22 @@ impl Default for BufferPool {
 impl BufferPool {
     pub(super) const KEEP: usize = 16;
 
-    pub(super) fn take(&self) -> Vec<u8> {
+    pub(super) fn take(&self) -> ResidentBuffer {
         let size = self.size.load(Ordering::Relaxed);
         let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        free.filter(|buf| buf.len() == size)
-            .unwrap_or_else(|| vec![0; size])
+        match free.filter(|buf| buf.len() == size) {
+            Some(buf) => buf,
+            // Present up to what a request can hold: its payload is at most `max_pages`
+            // pages (1 MiB unless the host raised `max_pages_limit`), whatever `max_write`
+            // a fast-mode driver told the kernel. As for any allocation: out of memory,
+            // rebound ends (its keeper takes over).
+            None => ResidentBuffer::new(size, BUFFER_SIZE).unwrap_or_else(|_| {
+                std::alloc::handle_alloc_error(std::alloc::Layout::array::<u8>(size).unwrap())
+            }),
+        }
     }
 
-    pub(super) fn give(&self, buf: Vec<u8>) {
+    pub(super) fn give(&self, buf: ResidentBuffer) {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if buf.len() == self.size.load(Ordering::Relaxed) && free.len() < Self::KEEP {
             free.push(buf);
@@ -449,13 +460,39 @@ impl BufferPool {
         self.size.fetch_max(needed, Ordering::Relaxed);
     }
 
+    /// Replaces `buf`, which the kernel refused (`EINVAL`) as smaller than its `max_write`
+    /// with headers, with one twice its size; false once that would pass `LARGEST`. A
+    /// successor of a rebound that died or reloaded in fast mode learns a first driver's
+    /// larger `max_write` this way: it never saw that INIT reply.
+    pub(super) fn grow(&self, buf: &mut ResidentBuffer) -> bool {
+        const LARGEST: usize = 256 << 20;
+        let wanted = buf.len().saturating_mul(2);
+        if wanted > LARGEST {
+            tracing::error!(
+                "the kernel refuses reads into {} bytes: its max_write is too large for rebound",
+                buf.len()
+            );
+            return false;
+        }
+        if self.size.fetch_max(wanted, Ordering::Relaxed) < wanted {
+            tracing::info!("the kernel wants larger read buffers: now {wanted} bytes");
+        }
+        *buf = self.take();
+        true
+    }
+
     /// Keeps the request in `buf[..len]` for as long as it is in flight: a small one is
     /// copied, a large one takes the buffer (which is replaced).
-    pub(super) fn keep(&self, buf: &mut Vec<u8>, len: usize, patches: Patches) -> RequestBytes {
+    pub(super) fn keep(
+        &self,
+        buf: &mut ResidentBuffer,
+        len: usize,
+        patches: Patches,
+    ) -> RequestBytes {
         let bytes = if len <= SMALL_REQUEST {
-            buf[..len].to_vec()
+            RequestStore::Copied(buf[..len].to_vec())
         } else {
-            std::mem::replace(buf, self.take())
+            RequestStore::Read(std::mem::replace(buf, self.take()))
         };
         RequestBytes {
             buf: Arc::new(bytes),
@@ -465,7 +502,7 @@ impl BufferPool {
     }
 
     pub(super) fn recycle(&self, request: RequestBytes) {
-        if let Ok(buf) = Arc::try_unwrap(request.buf) {
+        if let Ok(RequestStore::Read(buf)) = Arc::try_unwrap(request.buf) {
             self.give(buf);
         }
     }
@@ -490,5 +527,28 @@ mod tests {
             pool.take().len() >= (16 << 20) + 80,
             "a smaller max_write shrank them"
         );
+    }
+
+    #[test]
+    fn a_refused_buffer_doubles_until_a_bound() {
+        let pool = BufferPool::default();
+        let mut buf = pool.take();
+        assert!(pool.grow(&mut buf));
+        assert_eq!(buf.len(), 2 * BUFFER_SIZE);
+        assert_eq!(
+            pool.take().len(),
+            2 * BUFFER_SIZE,
+            "the pool did not follow"
+        );
+        let mut grown = 1;
+        while pool.grow(&mut buf) {
+            grown += 1;
+        }
+        assert!(
+            buf.len() <= 256 << 20 && buf.len() > 128 << 20,
+            "{}",
+            buf.len()
+        );
+        assert_eq!(grown, 7);
     }
 }

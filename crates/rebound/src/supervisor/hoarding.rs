@@ -13,7 +13,7 @@ use crate::config::Limits;
 
 /// Share of a limit at which usage counts as hoarding.
 const NEAR_LIMIT_PERCENT: u64 = 90;
-/// How often descriptors are counted (a directory listing per driver process).
+/// How often descriptors are counted (per driver process).
 const FD_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The hoarding checks of one run, across restarts.
@@ -163,9 +163,7 @@ impl Watch {
     fn check_descriptors(&self, pids: &[i32]) -> Option<String> {
         let threshold = self.fd_limit.saturating_mul(NEAR_LIMIT_PERCENT) / 100;
         for &pid in pids {
-            let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
-                .map(|d| d.count() as u64)
-                .unwrap_or(0);
+            let open = super::process::open_files(pid);
             if open >= threshold {
                 return Some(format!(
                     "descriptor leak: pid {pid} holds {open} open files, {NEAR_LIMIT_PERCENT}% \

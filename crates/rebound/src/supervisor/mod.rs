@@ -76,6 +76,9 @@ enum Phase {
         exit_code: i32,
         /// The driver unmounted by itself; its own exit status then decides rebound's.
         driver_initiated: bool,
+        /// Once the mount is gone: since when the driver's processes have made no progress,
+        /// and how far they had got then (see `Run::kill_if_stuck`).
+        quiet: Option<(Instant, u64)>,
     },
 }
 

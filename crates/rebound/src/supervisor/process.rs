@@ -136,6 +136,35 @@ fn below(root: i32, spare: &[i32]) -> Vec<i32> {
     out
 }
 
+/// How far the processes `pids` have got: a sum that grows with their CPU time (clock ticks,
+/// every thread) and the bytes their system calls read and wrote (a slow upload uses little
+/// CPU), and whether a thread of theirs is running or waiting on a device (state `R` or `D`).
+pub fn activity(pids: &[i32]) -> (u64, bool) {
+    let mut progress = 0u64;
+    let mut busy = false;
+    for pid in pids {
+        let stat = format!("/proc/{pid}/stat");
+        let ticks = |n| stat_field::<u64>(&stat, n).unwrap_or(0);
+        let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+        let bytes = io
+            .lines()
+            .filter(|l| l.starts_with("rchar:") || l.starts_with("wchar:"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok());
+        progress = bytes.fold(
+            progress.wrapping_add(ticks(11) + ticks(12)),
+            u64::wrapping_add,
+        );
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        busy |= tasks.flatten().any(|task| {
+            let state: Option<String> = stat_field(&format!("{}/stat", task.path().display()), 0);
+            matches!(state.as_deref(), Some("R" | "D"))
+        });
+    }
+    (progress, busy)
+}
+
 /// Field `n` (0: the state) after the parenthesised command name of a `stat` file of
 /// `/proc` (a process's or a thread's), which may itself contain spaces and parentheses.
 fn stat_field<T: std::str::FromStr>(stat_file: &str, n: usize) -> Option<T> {
@@ -235,6 +264,19 @@ pub fn is_mount_helper(pid: i32) -> bool {
         .is_ok_and(|name| name.starts_with("fusermount"))
 }
 
+/// How many files process `pid` has open: the size the kernel gives its `/proc/PID/fd`
+/// (Linux 6.2+, a count of its descriptor bitmap), or, where that is 0, a listing of it. A
+/// passthrough driver holds a descriptor per node it knows, and listing thousands of them
+/// each second was most of rebound's main thread's CPU.
+pub fn open_files(pid: i32) -> u64 {
+    let dir = format!("/proc/{pid}/fd");
+    match std::fs::metadata(&dir) {
+        Ok(m) if m.len() > 0 => m.len(),
+        Ok(_) => std::fs::read_dir(&dir).map_or(0, |d| d.count() as u64),
+        Err(_) => 0,
+    }
+}
+
 /// Whether process `pid` has the file `(device, inode)` open.
 pub fn has_open(pid: i32, (dev, ino): (u64, u64)) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -324,4 +366,42 @@ fn reads_one_of(pid: i32, fds: &[u64]) -> bool {
                 .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok());
             matches!((number, fd), (Some(n), Some(fd)) if READS.contains(&n) && fds.contains(&fd))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    fn listed(pid: i32) -> u64 {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64)
+    }
+
+    #[test]
+    fn open_files_counts_what_a_listing_counts() {
+        // A child whose descriptors nothing else changes (this process's other tests open
+        // files in parallel): 0-2 and 3-9 once its shell has run the redirections and become
+        // `sleep` (a POSIX shell names single digits only), with what it inherits besides.
+        let redirections: String = (3..10).map(|fd| format!("{fd}</dev/null ")).collect();
+        let mut child = Command::new("sh")
+            .args(["-c", &format!("exec {redirections}; exec sleep 30")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap() != "sleep\n" {
+            assert!(Instant::now() < deadline, "the child never became `sleep`");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (counted, listing) = (open_files(pid), listed(pid));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(listing >= 10, "{listing}");
+        assert_eq!(counted, listing);
+        assert_eq!(open_files(pid), 0, "a reaped process has none");
+    }
 }

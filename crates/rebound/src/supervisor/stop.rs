@@ -14,6 +14,10 @@ use super::{process, Phase, Run, Served};
 use crate::cgroup::DriverCgroup;
 use crate::keeper::KeptMount;
 
+/// How long a stopping driver may sit idle after its mount went away (see
+/// [`Run::kill_if_stuck`]).
+const STUCK_AT_STOP: Duration = Duration::from_secs(10);
+
 impl Run<'_> {
     pub(super) fn on_stop_signal(&mut self) {
         match &mut self.phase {
@@ -136,6 +140,50 @@ impl Run<'_> {
         }
     }
 
+    /// Stopping, once the mount is gone (nothing is left for the driver to serve or flush to
+    /// it): a driver whose processes have neither used CPU, read or written anything, nor
+    /// waited on a device for [`STUCK_AT_STOP`] is stuck in its teardown, and is killed
+    /// rather than waited for until `stop_timeout_ms`. libfuse's multithreaded loop cancels
+    /// its workers at the end, and one cancelled holding the driver's lock leaves the join
+    /// waiting forever. A driver still writing its store (fuse2fs closing its image) runs or
+    /// waits on the disk, and is waited for.
+    pub(super) fn kill_if_stuck(&mut self, now: Instant) {
+        let Phase::Stopping {
+            killed: false,
+            quiet,
+            ..
+        } = &mut self.phase
+        else {
+            return;
+        };
+        let gone = self
+            .served
+            .as_ref()
+            .is_some_and(|s| s.proxy.kernel_gone() || s.proxy.connection_ended());
+        if !gone {
+            return;
+        }
+        let (progress, busy) = process::activity(&process::descendants());
+        match *quiet {
+            _ if busy => *quiet = None,
+            Some((since, before)) if before == progress => {
+                if now.duration_since(since) < STUCK_AT_STOP {
+                    return;
+                }
+                tracing::warn!(
+                    "the driver has made no progress for {} s since its mount went away: \
+                     stuck in its teardown; killing it",
+                    STUCK_AT_STOP.as_secs()
+                );
+                process::signal_all(Signal::KILL, &[]);
+                if let Phase::Stopping { killed, .. } = &mut self.phase {
+                    *killed = true;
+                }
+            }
+            _ => *quiet = Some((now, progress)),
+        }
+    }
+
     /// Enters the stopping phase; with `signal`, asks every driver process to terminate.
     pub(super) fn stopping(&mut self, signal: bool, exit_code: i32) -> Phase {
         self.board.update(|s| s.state = "stopping".into());
@@ -151,6 +199,7 @@ impl Run<'_> {
             killed: false,
             exit_code,
             driver_initiated: !signal,
+            quiet: None,
         }
     }
 }

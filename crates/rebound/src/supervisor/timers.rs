@@ -11,6 +11,7 @@ use rustix::process::Signal;
 
 use super::restart::Cause;
 use super::{process, start_driver, Phase, Run, Started, Step};
+use crate::proxy::ProxyEvent;
 use crate::sandbox::MountPoint;
 
 impl Run<'_> {
@@ -51,6 +52,7 @@ impl Run<'_> {
         let now = Instant::now();
         self.take_over_from_dying_driver();
         self.answer_for_dying_driver_threads(now);
+        self.kill_if_stuck(now);
         match &mut self.phase {
             Phase::Starting { deadline } if now >= *deadline => {
                 tracing::error!(
@@ -59,6 +61,16 @@ impl Run<'_> {
                     self.config.mount_timeout_ms
                 );
                 self.phase = self.stopping(true, 1);
+            }
+            Phase::Serving
+                if self
+                    .served
+                    .as_ref()
+                    .is_some_and(|s| s.proxy.is_beside() && s.proxy.kernel_gone()) =>
+            {
+                // Fast mode: no reader of rebound's sees the unmount, and a driver stuck in
+                // its teardown would never end to show it.
+                self.on_proxy_event(ProxyEvent::KernelGone);
             }
             Phase::Serving => {
                 if let Some(s) = &self.served {
