@@ -7,6 +7,7 @@ large-I/O and multi-threaded tests (run in both modes, so a failure can be pinne
 """
 
 import concurrent.futures
+import ctypes
 import hashlib
 import json
 import os
@@ -101,6 +102,37 @@ def test_user_umount_stops_driver(mount, driver, mode):
         since = time.monotonic()
         subprocess.run(["umount", str(m.mnt)], check=True, capture_output=True, timeout=30)
         wait_stopped(m, pids, since, "umount")
+
+
+@pytest.mark.rebound
+@pytest.mark.parametrize("data_path", ["fast", "guarded"])
+def test_a_driver_stuck_after_the_user_umount_is_killed(mount, data_path):
+    """A driver that never finishes its teardown after the user's umount (libfuse's loop can
+    deadlock joining a worker cancelled holding the driver's lock; here it is stopped): rebound
+    sees the mount gone (in fast mode, where none of its threads reads the queue, too), waits
+    while the driver neither runs, reads, writes nor waits on a disk for 10 s, kills it and
+    exits 0, well before stop_timeout_ms."""
+    config = f'mode = "{data_path}"\nstandby = "off"\n'
+    with mount("passthrough_ll", "rebound", config=config) as m:
+        exercise(m.mnt)
+        pids = serving_pids(m)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        since = time.monotonic()
+        # umount2(2) itself: umount(8) would first stat the mount point, a request the
+        # stopped driver leaves unanswered (found as a hang, which is not this test's).
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.umount2(os.fsencode(m.mnt), 0) == 0, os.strerror(ctypes.get_errno())
+        try:
+            rc = m.proc.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"rebound still runs {STOP_TIMEOUT} s after the umount:\n{m.output()}")
+        elapsed = time.monotonic() - since
+        m.returncode, m.stopped = rc, True
+        assert rc == 0, f"rebound exited with {rc}:\n{m.output()}"
+        assert "stuck in its teardown; killing it" in m.output(), m.output()
+        assert 10 <= elapsed < 20, f"{elapsed:.1f} s:\n{m.output()}"
+        assert wait_for(lambda: not any(mounts.alive(p) for p in pids), STOP_TIMEOUT)
 
 
 # --- failing to mount -------------------------------------------------------------------------

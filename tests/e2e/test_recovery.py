@@ -137,10 +137,24 @@ def explain(m, *parts):
     except (subprocess.SubprocessError, OSError, ValueError) as e:
         status = f"<rebound status failed: {e}>"
     output = m.output()
-    warnings = [line for line in output.splitlines() if " WARN " in strip_ansi(line)]
+    warnings = [line for line in output.splitlines()
+                if " WARN " in strip_ansi(line) or " ERROR " in strip_ansi(line)]
+    # Errors rebound gave applications first: a long run's other warnings can bury them.
+    eio = [line for line in warnings if "EIO" in line]
     return "\n".join([*map(str, parts), f"status: {status}",
-                      f"--- {m.describe()}: warnings ---", *warnings[-20:],
+                      f"--- {m.describe()}: EIO given ---", *eio[:10],
+                      f"--- {m.describe()}: warnings and errors ---", *warnings[-20:],
                       f"--- {m.describe()}: output (end) ---", tail(output)])
+
+
+def stop_successor(m, pid):
+    """After the fixture's rebound died and successors took the mount over: stops the last,
+    `pid`, as an operator would (SIGTERM), and marks the mount stopped."""
+    os.kill(pid, signal.SIGTERM)
+    assert mounts.wait_for(lambda: not mounts.alive(pid), mounts.STOP_TIMEOUT), \
+        explain(m, f"rebound {pid} did not stop")
+    m.proc.wait(timeout=10)
+    m.stopped, m.returncode = True, None
 
 
 def wait_serving(m, cond=serving, timeout=chaos.RECOVER_TIMEOUT):
