@@ -3,22 +3,27 @@
 
 Owns: the targets of one driver's data (the kernel's own file system: the backing directory
 bind-mounted or the ext4 image loop-mounted; the driver mounted directly; the driver under
-rebound, once per data path: `rebound-fast` and `rebound-guarded`), the workloads, running them on the targets in rotation, and the results: JSON
-lines per run, a Markdown table of medians, spreads and ratios (rebound/direct, direct/kernel)
-per mode, with rebound's CPU time per request, and a PNG chart of the rebound/direct ratios. Also the
-helpers the recovery benchmark shares (the rebound binary, its status).
+rebound, once per data path: `rebound-fast` and `rebound-guarded`; and the control,
+`direct-again`, the driver mounted directly a second time), the workloads, running them on
+the targets in rotation, and the results: JSON lines per run, a Markdown table of medians,
+spreads and ratios (rebound/direct per mode, direct-again/direct, direct/kernel), with
+rebound's CPU time per request, and a PNG chart of the ratios to direct. Also the helpers the
+recovery benchmark shares (the rebound binary, its status).
 
     bench/run.py [--drivers passthrough_ll,fuse2fs,sshfs] [--reps 3] [--quick] [--out DIR]
                  [--modes fast,guarded]   (rebound's data paths: `mode` in its config)
+                 [--no-control]           (no `direct-again` target)
 
 BENCH_EXTRA_CONFIG, if set, is appended to the rebound targets' config (an experiment's
 settings, e.g. `[sandbox]` `profile = "off"` to measure what the sandbox costs).
     bench/run.py --report bench/results/RUN.jsonl...   (table and chart again, no run)
 
 Every target is mounted afresh for every measurement (cold caches on the FUSE side), and the
-order of the targets rotates each repetition so that none is always first. Absolute numbers on
+order of the targets rotates each repetition so that none is always first (`order_of`: direct
+is measured right between the default mode's rebound and the control). Absolute numbers on
 a shared 2-core machine mean little; the ratios of targets measured in the same run are what
-the table is for, and the min-max of the per-repetition ratios says how much to trust them.
+the table is for, and the min-max of the per-repetition ratios, and the control's ratios, say
+how much to trust them.
 
 Mounting and the drivers' command lines (and sshfs's private sshd on 127.0.0.1) come from
 tests/e2e/mounts.py.
@@ -48,6 +53,9 @@ REBOUND = mounts.rebound_bin()
 LUA_SRC = REPO / "tests" / ".build" / "lua-src"  # tests/setup.sh unpacks it
 DRIVERS = ("passthrough_ll", "fuse2fs", "sshfs")
 BASELINES = ("kernel", "direct")
+# The driver mounted directly a second time, measured beside direct as rebound is: its ratio to
+# direct is what this machine's noise alone gives a target that costs nothing (an A/A control).
+CONTROL = "direct-again"
 MODES = ("fast", "guarded")  # rebound's data paths; the first is its default (`mode = "auto"`)
 GOAL = 0.95  # rebound/direct, issue 5
 CHART_TOP = 1.5  # the chart's y range ends here; a larger ratio is written on its bar
@@ -93,8 +101,31 @@ def rebound_target(mode):
     return f"rebound-{mode}"
 
 
-def targets_of(modes):
-    return list(BASELINES) + [rebound_target(m) for m in modes]
+def targets_of(modes, control=True):
+    return (list(BASELINES) + [rebound_target(m) for m in modes]
+            + ([CONTROL] if control else []))
+
+
+def order_of(names, rep):
+    """The order of the targets in repetition rep. direct is measured right between the first
+    rebound target (the default mode) and the control, each side first in turn: the ratios the
+    goal is about then span seconds, not the minute of a repetition in which this machine's
+    speed drifts, and the control is as far from direct as rebound is. That block and the
+    other targets rotate, so that none is always first."""
+    block = [names[2], "direct"] + ([CONTROL] if CONTROL in names else [])
+    if rep % 2:
+        block.reverse()
+    others = [n for n in names if n not in block]
+    items = others[:1] + [block] + others[1:]
+    k = rep % len(items)
+    rotated = items[k:] + items[:k]
+    return [t for item in rotated for t in (item if isinstance(item, list) else [item])]
+
+
+def compared_targets(results):
+    """The targets whose ratio to direct is reported: rebound's, then the control's."""
+    present = {r["target"] for r in results}
+    return rebound_targets(results) + ([CONTROL] if CONTROL in present else [])
 
 
 class Target:
@@ -104,7 +135,9 @@ class Target:
 
     def __init__(self, driver, name, work, sshd, extra_config=""):
         self.driver, self.name, self.work, self.sshd = driver, name, work, sshd
-        self.kind = "rebound" if name.startswith("rebound-") else name  # as mounts.Mount says
+        # As mounts.Mount says: kernel, direct or rebound.
+        self.kind = ("rebound" if name.startswith("rebound-")
+                     else "direct" if name == CONTROL else name)
         self.config = (f'mode = "{name.removeprefix("rebound-")}"\n' + extra_config
                        if self.kind == "rebound" else None)
         self.mnt = work / "mnt"
@@ -411,7 +444,7 @@ def run(args, meta, sink):
             work.mkdir()
             mounts.Mount(driver, "direct", work).prepare(q["image"])  # mnt/, src/ or the image
             extra = os.environ.get("BENCH_EXTRA_CONFIG", "")
-            names = targets_of(args.modes)
+            names = targets_of(args.modes, args.control)
             targets = {n: Target(driver, n, work, sshd, extra) for n in names}
             targets["direct"].start()
             try:
@@ -424,8 +457,7 @@ def run(args, meta, sink):
                           file=sys.stderr)
                     continue
                 for rep in range(args.reps):
-                    k = rep % len(names)
-                    for target in names[k:] + names[:k]:
+                    for target in order_of(names, rep):
                         row = measure(targets[target], name, rep, q)
                         results.append(row)
                         line = json.dumps(row)
@@ -492,7 +524,8 @@ def summarize(results):
     order of DRIVERS and WORKLOADS."""
     ok = [r for r in results if "error" not in r]
     rebounds = rebound_targets(ok)
-    targets = list(BASELINES) + rebounds
+    compared = compared_targets(ok)
+    targets = list(BASELINES) + compared
 
     def order(names, known):
         return known.index(names) if names in known else len(known)
@@ -523,9 +556,9 @@ def summarize(results):
             direct = {r["rep"]: r[metric] for r in by["direct"]}
             out.append({"driver": driver, "workload": workload, "metric": metric,
                         "n": min(len(v) for v in vals.values()), "median": med, "values": vals,
-                        "ratio": {t: ratio(med[t], med["direct"]) for t in rebounds},
+                        "ratio": {t: ratio(med[t], med["direct"]) for t in compared},
                         "paired": {t: [ratio(r[metric], direct[r["rep"]]) for r in by[t]
-                                       if r["rep"] in direct] for t in rebounds},
+                                       if r["rep"] in direct] for t in compared},
                         "direct/kernel": ratio(med["direct"], med["kernel"]),
                         "cpu_us_per_request": cpu, "requests": requests, "notes": notes})
     return out
@@ -538,13 +571,14 @@ def ratio_cell(s, t):
 
 
 def table(results):
-    rebounds = rebound_targets([r for r in results if "error" not in r])
-    targets = list(BASELINES) + rebounds
+    ok = [r for r in results if "error" not in r]
+    rebounds, compared = rebound_targets(ok), compared_targets(ok)
+    targets = list(BASELINES) + compared
     lines = ["| driver | workload | metric | n | " + " | ".join(targets) + " | "
-             + " | ".join(f"**{t}/direct** (per-rep min–max)" for t in rebounds)
+             + " | ".join(f"**{t}/direct** (per-rep min–max)" for t in compared)
              + " | direct/kernel | "
              + " | ".join(f"{t} CPU µs/request (requests)" for t in rebounds) + " |",
-             "|---|---|---|---|" + "---|" * (2 * len(targets) - 1)]
+             "|---|---|---|---|" + "---|" * (len(targets) + len(compared) + 1 + len(rebounds))]
     notes = []
     for s in summarize(results):
         cells = [f"{fmt(s['median'][t])} ({spread(s['values'][t])})" if s["n"] > 1
@@ -552,7 +586,7 @@ def table(results):
         cpu = [f"{s['cpu_us_per_request'][t]:.1f} ({s['requests'][t]:.0f})"
                if s["cpu_us_per_request"][t] is not None else "–" for t in rebounds]
         lines.append(f"| {s['driver']} | {s['workload']} | {s['metric']} | {s['n']} | "
-                     + " | ".join(cells + [ratio_cell(s, t) for t in rebounds]
+                     + " | ".join(cells + [ratio_cell(s, t) for t in compared]
                                   + [f"{s['direct/kernel']:.2f}"] + cpu) + " |")
         if s["notes"] and s["metric"] == "MiB/s":
             how = sorted({n.split(": ", 1)[1] for n in s["notes"]})
@@ -590,7 +624,7 @@ def chart(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     summary = summarize(results)
-    rebounds = rebound_targets([r for r in results if "error" not in r])
+    rebounds = compared_targets([r for r in results if "error" not in r])
 
     def label(s):
         return s["workload"] + ("" if s["metric"] in ("MiB/s", "ops/s", "s") else f" {s['metric']}")
@@ -651,6 +685,11 @@ def load(paths):
     return metas, rows
 
 
+CONTROL_NOTE = (" (the control: the driver mounted directly a second time, measured beside "
+                "direct as rebound-fast is; what the noise of this run alone makes of a target "
+                "that costs nothing)")
+
+
 def render(metas, results, command, png=None):
     runs = ", ".join(f"{m['started']} (commit {m['commit']}, "
                      f"modes {', '.join(m.get('modes') or [m.get('mode', 'guarded')])}, "
@@ -658,6 +697,7 @@ def render(metas, results, command, png=None):
     m = metas[0]
     machine = m.get("cpu_model", m["machine"])
     loads = [r["loadavg"] for r in results if "loadavg" in r]
+    compared = compared_targets([r for r in results if "error" not in r])
     text = (
         f"# Benchmark\n\nRuns: {runs}. Machine: {machine}, {m['cpus']} CPUs"
         + (f", {m['mem_gib']} GiB" if "mem_gib" in m else "")
@@ -667,7 +707,9 @@ def render(metas, results, command, png=None):
         + ".\n\n"
         f"Rendered by: `{command}`\n\n"
         f"{m['reps']} repetitions per target, interleaved (the target order rotates each "
-        "repetition); each measurement on a fresh mount. rebound-fast and rebound-guarded are "
+        "repetition" + ("; direct is measured right between the default mode and the control"
+                        if CONTROL in compared else "")
+        + "); each measurement on a fresh mount. rebound-fast and rebound-guarded are "
         "rebound in its two data paths (`mode` in its config; fast is the default). Cells: "
         "median (min–max). rebound/direct is the ratio of the medians, > 1 is faster (for seconds and µs, the "
         "inverse), with the min–max of the ratios of the same repetition in parentheses; ✗ "
@@ -676,8 +718,8 @@ def render(metas, results, command, png=None):
         "the median request count in parentheses; in fast mode, the requests the observer saw "
         "end). Sync fio jobs use psync and the page cache; "
         "*qd16* jobs use the engine named below the table.\n\n"
-        + "".join(f"{t}/direct at a glance:\n\n{ratio_table(results, t)}\n\n"
-                  for t in rebound_targets([r for r in results if "error" not in r]))
+        + "".join(f"{t}/direct at a glance{CONTROL_NOTE if t == CONTROL else ''}:\n\n"
+                  f"{ratio_table(results, t)}\n\n" for t in compared)
         + f"All numbers:\n\n{table(results)}\n")
     if png:
         text += f"\n![rebound/direct per workload and driver]({png})\n"
@@ -735,6 +777,9 @@ def main():
     p.add_argument("--modes", default=",".join(MODES),
                    help="rebound's data paths to measure, each a target (its config's `mode`)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    p.add_argument("--no-control", dest="control", action="store_false",
+                   help=f"no `{CONTROL}` target (the driver mounted directly a second time, "
+                        "whose ratio to direct shows the run's noise)")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--report", nargs="+", metavar="JSONL",
                    help="only render the table and chart of earlier runs' result files "
@@ -767,6 +812,7 @@ def main():
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     meta = {"started": started, "commit": commit, **machine_meta(), "reps": args.reps,
+            "control": args.control,
             "quick": args.quick, "rebound": str(REBOUND), "modes": args.modes,
             "command": "bench/run.py " + " ".join(sys.argv[1:])}
     path = out / f"{started.replace(':', '')}.jsonl"
