@@ -201,6 +201,21 @@ def probe(path, op):
     return res.stdout.strip()
 
 
+def lock_when_free(fd, op, *args, wait=5.0):
+    """fcntl.lockf(fd, op, *args), retried (at most wait seconds) while another's lock is in
+    the way. An exited probe's lock can outlive it: FUSE sends its RELEASE in the background,
+    and a driver that keeps locks per open file (go-fuse's loopback: OFD locks on its own
+    descriptor) holds them until it has handled that RELEASE."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return fcntl.lockf(fd, op, *args)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
 class FsOps:
     """The steps, in order. Each returns its outcome or raises OSError (recorded by name)."""
 
@@ -483,11 +498,11 @@ class FsOps:
         path = self.p("lockfile")
         fd = os.open(path, os.O_RDWR)
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 100, 0)  # bytes 0..99
+            lock_when_free(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 100, 0)  # bytes 0..99
             disjoint = probe(path, "lockf_ex_range_100_200")
             whole = probe(path, "lockf_ex")
             fcntl.lockf(fd, fcntl.LOCK_UN, 100, 0)
-            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            lock_when_free(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             shared = probe(path, "lockf_sh")
             fcntl.lockf(fd, fcntl.LOCK_UN)
         finally:
