@@ -147,22 +147,25 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
                     // The old driver's handle went with it.
                     return answer_ok(shared, unique, queue);
                 }
-                if shadow_answer(shared, &info, queue, msg) {
+                if shadow_answer(shared, &info, queue, &buf[..len]) {
                     return;
                 }
                 // Parked: sent to the new driver once it holds what the kernel holds. One the
                 // kernel sends again (FUSE_NOTIFY_RESEND) was read by the failed driver: it is
                 // settled as one in flight at the failure.
-                let request = shared.buffers.keep(buf, len, Patches::default());
                 let sent = (unique & abi::UNIQUE_RESEND != 0).then(|| (0, Instant::now()));
-                shared
-                    .inflight
-                    .insert(unique, inflight_entry(&info, queue, request, sent));
+                if !park(shared, &info, queue, buf, len, sent, |link| {
+                    matches!(link, Link::Recovering { .. } | Link::Beside)
+                }) {
+                    continue; // a new driver serves meanwhile: it is sent there
+                }
                 return;
             }
             Link::Serving { driver, generation } => (driver.clone(), *generation),
         };
-        let translated = shared.objects().to_driver(msg, info.fields, &info.change);
+        let translated = shared
+            .objects()
+            .to_driver(&mut buf[..len], info.fields, &info.change);
         match translated {
             Ok(patches) => break (link, driver, generation, patches),
             Err(tracker::Untranslated::Pending(node)) if lookups <= tracker::MAX_PENDING => {
@@ -181,10 +184,15 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
                 if released.is_some() {
                     return answer_ok(shared, unique, queue);
                 }
-                let request = shared.buffers.keep(buf, len, Patches::default());
-                shared
-                    .inflight
-                    .insert(unique, inflight_entry(&info, queue, request, None));
+                // For the next driver (this one failed during the lookup), unless one
+                // already took over.
+                if !park(shared, &info, queue, buf, len, None, |link| match link {
+                    Link::Serving { generation: g, .. } => *g == generation,
+                    Link::Recovering { .. } | Link::Beside => true,
+                    Link::Failed => false,
+                }) {
+                    continue;
+                }
                 return;
             }
             Err(tracker::Untranslated::Lost) => {
@@ -194,6 +202,7 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
             }
         }
     };
+    let msg = &mut buf[..len];
     if let Some(ToDriver::Mapped(driver_fh)) = released {
         // `fh` is the first field of fuse_release_in.
         if let Some(fh) = read_u64(msg, size::IN_HEADER) {
@@ -229,6 +238,32 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
             }
         }
     }
+}
+
+/// Parks the request in `buf[..len]` in the in-flight table, if `still` holds for the link:
+/// both under the link's lock, as a recovery takes what is parked and lets the new driver
+/// serve under it. (Parked after a recovery took the rest, a request would wait for a driver
+/// that never gets it.) Returns false, parking nothing, if `still` no longer holds.
+fn park(
+    shared: &Shared,
+    info: &RequestInfo,
+    queue: usize,
+    buf: &mut ResidentBuffer,
+    len: usize,
+    sent: Option<(u64, Instant)>,
+    still: impl FnOnce(&Link) -> bool,
+) -> bool {
+    let link = shared.link();
+    if !still(&link) {
+        return false;
+    }
+    let request = shared.buffers.keep(buf, len, Patches::default());
+    shared.inflight.insert(
+        info.header.unique,
+        inflight_entry(info, queue, request, sent),
+    );
+    drop(link);
+    true
 }
 
 pub(super) fn inflight_entry(

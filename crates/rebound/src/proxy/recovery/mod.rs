@@ -211,7 +211,10 @@ pub(super) fn translate(
             Ok(Some(_)) => {}
             Ok(None) => return Err(tracker::Untranslated::Lost),
             // The driver did not answer: the node is still to be looked up.
-            Err(_) => return Err(tracker::Untranslated::Pending(pending)),
+            Err(e) => {
+                tracing::debug!("node {pending} is still to be looked up: {e}");
+                return Err(tracker::Untranslated::Pending(pending));
+            }
         }
     }
     Err(tracker::Untranslated::Lost)
