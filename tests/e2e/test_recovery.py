@@ -144,7 +144,9 @@ def explain(m, *parts):
     return "\n".join([*map(str, parts), f"status: {status}",
                       f"--- {m.describe()}: EIO given ---", *eio[:10],
                       f"--- {m.describe()}: warnings and errors ---", *warnings[-20:],
-                      f"--- {m.describe()}: output (end) ---", tail(output)])
+                      f"--- {m.describe()}: output (end) ---", tail(output),
+                      # Again last: CI keeps only the start and the end of a long log.
+                      "--- what the test saw (again) ---", *map(str, parts)])
 
 
 def stop_successor(m, pid):
