@@ -132,7 +132,7 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
 
     // Decided again after each node a restarted driver had to be asked for first: the link
     // may have changed meanwhile.
-    let mut lookups = 0;
+    let (mut lookups, mut looked_up_in) = (0, None);
     let (link, driver, generation, mut patches) = loop {
         let link = shared.link();
         let (driver, generation) = match &*link {
@@ -163,6 +163,10 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
             }
             Link::Serving { driver, generation } => (driver.clone(), *generation),
         };
+        if looked_up_in != Some(generation) {
+            // Lookups are counted per driver: a new one may need them all again.
+            (lookups, looked_up_in) = (0, Some(generation));
+        }
         let translated = shared
             .objects()
             .to_driver(&mut buf[..len], info.fields, &info.change);
