@@ -2,7 +2,8 @@
 
 Owns: the proof that for each driver that can have one (passthrough_ll, sshfs, go-fuse) a
 standby is kept ready while the driver serves, takes over when the serving driver is killed
-(an open file keeps reading), and is replaced once it has; that a standby dying unused is
+(an open file keeps reading; in fast mode, writers see no error and none is left waiting),
+and is replaced once it has; that a standby dying unused is
 replaced and is not a driver failure; that a user's umount after a restart ends the run, with
 a standby or without (no copy of the mount is left in a driver's namespace to keep the
 connection); that fuse2fs, which reads its image at start, gets one held before exec, with the
