@@ -2,7 +2,8 @@
 
 Owns: the proof that for each driver that can have one (passthrough_ll, sshfs, go-fuse) a
 standby is kept ready while the driver serves, takes over when the serving driver is killed
-(an open file keeps reading; in fast mode, writers see no error and none is left waiting),
+(an open file keeps reading; in fast mode, writers see no error and none is left waiting;
+requests parked on files the successor must look up first wait for no timeout),
 and is replaced once it has; that a standby dying unused is
 replaced and is not a driver failure; that a user's umount after a restart ends the run, with
 a standby or without (no copy of the mount is left in a driver's namespace to keep the
@@ -111,6 +112,58 @@ def test_a_standby_takes_over_a_fast_mode_queue_under_writers_and_none_waits(mou
             assert not any(t.is_alive() for t in writers), explain(m, f"round {round_}: stuck")
             assert not errors, explain(m, f"round {round_}: {errors[:5]}")
             assert after["standby_takeovers"] == 1, explain(m, after)
+
+
+@pytest.mark.parametrize("data_path", ["guarded", "fast"])
+def test_requests_parked_on_many_files_during_a_takeover_wait_for_no_timeout(mount, data_path):
+    """Four readers open and read files at random among 200 the kernel holds while the driver
+    is SIGKILLed, 5 times: the successor knows none of them, so each request parked during its
+    restore needs a lookup first. Every read succeeds, and none waits anywhere near the
+    request timeout. (The take-over sent the parked requests under the link's lock; the
+    proxy's reader, holding the reply to one of them, waited for that lock, and the lookup's
+    reply behind it waited until the lookup timed out.)"""
+    timeout_s = 30
+    config = toml(restart_backoff_ms=0, mode=data_path, request_timeout_ms=timeout_s * 1000)
+    with mount("passthrough_ll", "rebound", config=config) as m:
+        d = m.mnt / "d"
+        d.mkdir()
+        for i in range(200):
+            (d / f"f{i}").write_bytes(b"%d" % i)
+        stop, errors, slowest, reads = threading.Event(), [], [0.0], [0] * 4
+
+        def reader(r):
+            rng = random.Random(r)
+            while not stop.is_set():
+                i = rng.randrange(200)
+                start = time.monotonic()
+                try:
+                    if (d / f"f{i}").read_bytes() != b"%d" % i:
+                        errors.append(f"f{i} reads wrong")
+                    reads[r] += 1
+                except OSError as e:
+                    errors.append(f"f{i}: {e}")
+                slowest[0] = max(slowest[0], time.monotonic() - start)
+
+        readers = [threading.Thread(target=reader, args=(r,), daemon=True) for r in range(4)]
+        for t in readers:
+            t.start()
+        try:
+            for round_ in range(1, 6):
+                before = wait_serving(m, standby_ready)
+                os.kill(before["driver_pid"], signal.SIGKILL)
+                after = wait_serving(m, lambda s: serving(s) and s["restarts"] == round_)
+                seen = list(reads)
+                assert mounts.wait_for(lambda: all(n > s for n, s in zip(reads, seen)),
+                                       chaos.RECOVER_TIMEOUT), \
+                    explain(m, f"round {round_}: a reader waits since the take-over", after)
+        finally:
+            stop.set()
+            for t in readers:
+                t.join(timeout_s + chaos.RECOVER_TIMEOUT)
+        assert not any(t.is_alive() for t in readers), explain(m, "a reader is stuck")
+        assert not errors, explain(m, errors[:5])
+        # A stall waits out the lookup's timeout (the request timeout); a take-over is quick.
+        assert slowest[0] < timeout_s / 3, explain(m, f"the slowest read took {slowest[0]:.1f} s")
 
 
 def standby_answered_init(m):

@@ -97,8 +97,9 @@ pub(super) fn deliver_driver_message(shared: &Shared, msg: &mut [u8], generation
                 );
                 shared.report(ProxyEvent::Initialized);
             }
+            // Under the link's lock, as every refusal of a reply: the request it parks again
+            // is then either seen by a recovery that starts after it or sent by it.
             Err(e) => {
-                drop(link);
                 return refuse(
                     shared,
                     generation,
@@ -476,7 +477,8 @@ pub(super) fn notification_to_kernel(
 
 /// Logs a refused driver message and reports the driver as failed: a driver that sends
 /// garbage is not trusted with the next request. A request it answered badly is parked for
-/// the driver that replaces it. At most `REFUSALS_LOGGED_PER_SECOND` lines are logged each
+/// the driver that replaces it (the caller holds the link's lock, so that a recovery sees
+/// it). At most `REFUSALS_LOGGED_PER_SECOND` lines are logged each
 /// second; the count in the stats is complete.
 pub(super) fn refuse(
     shared: &Shared,

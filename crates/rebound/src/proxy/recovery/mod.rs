@@ -330,6 +330,7 @@ pub(super) fn restore(
         new.restore_handles(chunk, &mut restored)?;
     }
     // The requests the failed driver left, settled or sent again while new ones park.
+    superseded(shared, generation)?;
     let mut left = shared.inflight.take_not_sent_to(generation).into_iter();
     while let Some((unique, request)) = left.next() {
         restored.resent += 1;
@@ -341,8 +342,26 @@ pub(super) fn restore(
             return Err(format!("resending requests: {e}"));
         }
     }
-    // Requests parked meanwhile go out, and the new driver takes over, in one step.
+    // Requests parked meanwhile go out, first outside the link's lock: sending one may look
+    // a node up, and the proxy's reader of this driver, which waits for that lock to deliver
+    // any other reply, would hold the lookup's reply behind it until the lookup timed out.
+    // Each round sends what parked during the one before.
+    for _ in 0..PARKED_ROUNDS {
+        superseded(shared, generation)?;
+        let parked = shared.inflight.take_not_sent_to(generation);
+        if parked.is_empty() {
+            break;
+        }
+        restored.resent += parked.len();
+        for (unique, request) in parked {
+            new.send_again(unique, request);
+        }
+    }
+    // What parked after the last round goes out, and the new driver takes over, in one step.
     let mut link = shared.link.write().unwrap_or_else(|e| e.into_inner());
+    if link.current().is_none_or(|(_, g)| g != generation) {
+        return Err("superseded by a later driver".into());
+    }
     let parked = shared.inflight.take_not_sent_to(generation);
     restored.resent += parked.len();
     for (unique, request) in parked {
@@ -369,6 +388,20 @@ pub(super) fn restore(
     }
     restored.restore_ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(restored)
+}
+
+/// Rounds of sending parked requests outside the link's lock before the take-over (see
+/// [`restore`]); a queue that keeps parking requests faster than they are sent is rare.
+const PARKED_ROUNDS: usize = 4;
+
+/// An error if driver `generation` is no longer the one attached: a later one replaced it
+/// (the supervisor saw it fail another way while it was restored), and its restore must not
+/// take requests from that one, nor make itself the serving driver.
+fn superseded(shared: &Shared, generation: u64) -> Result<(), String> {
+    match shared.link().current() {
+        Some((_, g)) if g == generation => Ok(()),
+        _ => Err("superseded by a later driver".into()),
+    }
 }
 
 impl NewDriver<'_> {
