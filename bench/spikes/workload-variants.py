@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""One bench workload on a driver mounted directly and under rebound in several variants,
+side by side: each round mounts every target afresh (rotated order), runs bench/run.py's
+WORKLOAD once on each, and prints its figure. At the end, per variant: the median of the
+per-round ratios to direct (> 1 is faster), with their min–max. Pairing by round takes the
+machine's slow drifts out of the comparison, so a variant's own cost shows with fewer rounds.
+
+Variants are NAME=CONFIG (the text of rebound's config file, `\\n` for newlines) or
+NAME=CONFIG@BINARY (another rebound build); `again=` is the driver mounted directly a second
+time (the control). Run as root after tests/setup.sh.
+
+Usage: bench/spikes/workload-variants.py passthrough_ll metadata 6 'fast=mode = "fast"' \\
+           'sandbox-off=mode = "fast"\\n[sandbox]\\nprofile = "off"' again="""
+import os
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests" / "e2e"))
+os.environ.setdefault("REBOUND_BIN", str(REPO / "target/release/rebound"))
+import mounts  # noqa: E402
+import run  # noqa: E402
+
+
+def measure(driver, workload, work, q, config, binary):
+    kind = "direct" if config is None else "rebound"
+    m = mounts.Mount(driver, kind, work, config=config, rebound=binary)
+    m.start()
+    try:
+        if kind == "rebound":
+            mounts.wait_for(lambda: mounts.rebound_ready(m.mnt), 10)
+        run.settle(m.mnt)
+        (metric, value), = run.WORKLOADS[workload](m.mnt, q).items()
+        return metric, value
+    finally:
+        m.stop()  # (not cleanup(): it removes the work directory all targets share)
+
+
+def main():
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    driver, workload, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    targets = {"direct": (None, None)}
+    for arg in sys.argv[4:]:
+        name, _, spec = arg.partition("=")
+        config, _, binary = spec.partition("@")
+        targets[name] = (None, None) if not config else (
+            config.replace("\\n", "\n") + "\n", binary or None)
+    q = run.inputs(mounts.new_workdir("variants-in"), False)
+    q.update(o_direct=False, invalidate=1)
+    work = mounts.new_workdir("variants")
+    mounts.Mount(driver, "direct", work).prepare(1 << 30)
+    results = {name: [] for name in targets}
+    names, metric = list(targets), None
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            try:
+                metric, value = measure(driver, workload, work, q, *targets[name])
+            except Exception as e:
+                sys.exit(f"round {r}, {name}: {e}")
+            results[name].append(value)
+        print(f"round {r}:", {n: round(v[-1], 3) for n, v in results.items()}, flush=True)
+    sign = -1 if run.lower_is_better(metric) else 1
+    for name, values in results.items():
+        ratios = [(v / d) ** sign for v, d in zip(values, results["direct"])]
+        print(f"{name}: {metric} median {statistics.median(values):.4g}, /direct median "
+              f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})")
+    mounts.remove_workdir(work)
+
+
+if __name__ == "__main__":
+    main()
