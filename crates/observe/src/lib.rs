@@ -72,6 +72,54 @@ pub enum Event {
     Forget { node: u64, count: u64, reader: u32 },
 }
 
+/// What the observer saw, as [`Observer::drain_with`] hands it over: the same as [`Event`],
+/// in buffers the observer reuses (no allocation per event).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Seen<'a> {
+    Request {
+        request: &'a [u8],
+        reply: &'a mut [u8],
+        cut: bool,
+    },
+    Forget {
+        node: u64,
+        count: u64,
+        reader: u32,
+    },
+}
+
+impl From<Seen<'_>> for Event {
+    fn from(seen: Seen<'_>) -> Event {
+        match seen {
+            Seen::Request {
+                request,
+                reply,
+                cut,
+            } => Event::Request {
+                request: request.to_vec(),
+                reply: reply.to_vec(),
+                cut,
+            },
+            Seen::Forget {
+                node,
+                count,
+                reader,
+            } => Event::Forget {
+                node,
+                count,
+                reader,
+            },
+        }
+    }
+}
+
+/// The buffers a record's request and reply are copied into (see [`Seen`]).
+#[derive(Default)]
+struct Scratch {
+    request: Vec<u8>,
+    reply: Vec<u8>,
+}
+
 /// Slots of the BPF program's `started` array (a `__u64` each).
 const STARTED_SLOTS: usize = 4096;
 
@@ -92,6 +140,7 @@ pub struct Observer {
     mountpoint: PathBuf,
     /// Where its programs and maps are pinned, if they are (see [`Observer::attach`]).
     pinned: Option<(PathBuf, Vec<PinnedLink>)>,
+    scratch: Scratch,
 }
 
 impl Drop for Observer {
@@ -130,8 +179,9 @@ pub fn drain_pinned(dir: &Path) -> Result<Vec<Event>, ObserveError> {
         let data = MapData::from_pin(dir.join("events")).map_err(|e| pin_error(&e))?;
         let size = data.info().map_err(|e| pin_error(&e))?.max_entries() as usize;
         let mut events = Vec::new();
+        let mut scratch = Scratch::default();
         rebound_sys::bpf_ring::drain(data.fd().as_fd(), size, |record| {
-            events.extend(parse_record(record))
+            events.extend(parse_record(record, &mut scratch).map(Event::from))
         })
         .map_err(|e| pin_error(&e))?;
         Ok(events)
@@ -214,6 +264,7 @@ impl Observer {
             connection,
             mountpoint: mountpoint.to_path_buf(),
             pinned,
+            scratch: Scratch::default(),
         })
     }
 
@@ -267,12 +318,17 @@ impl Observer {
     /// What was seen since the last call, oldest first.
     pub fn drain(&mut self) -> Vec<Event> {
         let mut events = Vec::new();
+        self.drain_with(|seen| events.push(seen.into()));
+        events
+    }
+
+    /// As [`Observer::drain`], handing each event to `each` as it is read.
+    pub fn drain_with(&mut self, mut each: impl FnMut(Seen<'_>)) {
         while let Some(record) = self.ring.next() {
-            if let Some(event) = parse_record(&record) {
-                events.push(event);
+            if let Some(seen) = parse_record(&record, &mut self.scratch) {
+                each(seen);
             }
         }
-        events
     }
 }
 
@@ -316,8 +372,9 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default())
 }
 
-/// One ring record as an event (`None` for a record of another shape).
-fn parse_record(b: &[u8]) -> Option<Event> {
+/// One ring record as an event, its request and reply copied into `scratch` (`None` for a
+/// record of another shape).
+fn parse_record<'a>(b: &[u8], scratch: &'a mut Scratch) -> Option<Seen<'a>> {
     if b.len() < RECORD {
         return None;
     }
@@ -328,11 +385,14 @@ fn parse_record(b: &[u8]) -> Option<Event> {
         kind @ (REQUEST_END | ENTRIES_END) => {
             let request_len = (u32_at(b, 4) as usize).min(REQUEST_MAX);
             let reply_len = (u32_at(b, 8) as usize).min(REPLY_MAX);
-            let mut request = b[HEAD..HEAD + request_len].to_vec();
+            let Scratch { request, reply } = scratch;
+            request.clear();
+            request.extend_from_slice(&b[HEAD..HEAD + request_len]);
             if request.len() >= 4 {
                 request[..4].copy_from_slice(&(request_len as u32).to_le_bytes());
             }
-            let mut reply = b[HEAD + REQUEST_MAX..HEAD + REQUEST_MAX + reply_len].to_vec();
+            reply.clear();
+            reply.extend_from_slice(&b[HEAD + REQUEST_MAX..HEAD + REQUEST_MAX + reply_len]);
             if kind == ENTRIES_END && b.len() >= RECORD + ENTRIES_MAX {
                 let len = (u32_at(b, 36) as usize).min(ENTRIES_MAX);
                 reply.extend_from_slice(&b[RECORD..RECORD + len]);
@@ -341,13 +401,13 @@ fn parse_record(b: &[u8]) -> Option<Event> {
                 let len = reply.len() as u32;
                 reply[..4].copy_from_slice(&len.to_le_bytes());
             }
-            Some(Event::Request {
+            Some(Seen::Request {
                 request,
                 reply,
                 cut: u32_at(b, 12) != 0,
             })
         }
-        FORGET => Some(Event::Forget {
+        FORGET => Some(Seen::Forget {
             node: u64_at(b, 16),
             count: u64_at(b, 24),
             reader: u32_at(b, 32),
@@ -437,6 +497,10 @@ fn forget_site() -> Result<(u64, u64), ObserveError> {
 mod tests {
     use super::*;
 
+    fn parsed(b: &[u8]) -> Option<Event> {
+        parse_record(b, &mut Scratch::default()).map(Event::from)
+    }
+
     fn record(kind: u32, request: &[u8], reply: &[u8], cut: u32, node: u64, count: u64) -> Vec<u8> {
         let mut b = vec![0u8; RECORD];
         b[0..4].copy_from_slice(&kind.to_le_bytes());
@@ -461,7 +525,7 @@ mod tests {
             request: got,
             reply: got_reply,
             cut,
-        }) = parse_record(&record(0, &request, &reply, 1, 0, 0))
+        }) = parsed(&record(0, &request, &reply, 1, 0, 0))
         else {
             panic!("not a request");
         };
@@ -482,7 +546,7 @@ mod tests {
     #[test]
     fn a_forget_record_gives_node_and_count() {
         assert_eq!(
-            parse_record(&record(1, &[], &[], 0, 42, 3)),
+            parsed(&record(1, &[], &[], 0, 42, 3)),
             Some(Event::Forget {
                 node: 42,
                 count: 3,
@@ -498,7 +562,7 @@ mod tests {
         b.resize(RECORD + ENTRIES_MAX, 0);
         b[36..40].copy_from_slice(&5u32.to_le_bytes());
         b[RECORD..RECORD + 5].copy_from_slice(b"abcde");
-        let Some(Event::Request { reply, cut, .. }) = parse_record(&b) else {
+        let Some(Event::Request { reply, cut, .. }) = parsed(&b) else {
             panic!("not a request");
         };
         assert_eq!(&reply[16..], b"abcde");
@@ -508,13 +572,26 @@ mod tests {
 
     #[test]
     fn records_of_another_shape_are_ignored() {
-        assert_eq!(parse_record(&[0u8; 16]), None);
-        assert_eq!(parse_record(&record(9, &[], &[], 0, 0, 0)), None);
+        assert_eq!(parsed(&[0u8; 16]), None);
+        assert_eq!(parsed(&record(9, &[], &[], 0, 0, 0)), None);
         // Lengths beyond the record are bounded, not trusted.
         let mut b = record(0, &[], &[], 0, 0, 0);
         b[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(
-            matches!(parse_record(&b), Some(Event::Request { request, .. }) if request.len() == REQUEST_MAX)
+            matches!(parsed(&b), Some(Event::Request { request, .. }) if request.len() == REQUEST_MAX)
         );
+    }
+
+    #[test]
+    fn a_record_read_into_used_buffers_carries_only_its_own_bytes() {
+        let mut scratch = Scratch::default();
+        let long = record(0, &[1u8; 300], &[2u8; 200], 0, 0, 0);
+        assert!(parse_record(&long, &mut scratch).is_some());
+        let short = record(0, &[3u8; 40], &[4u8; 16], 0, 0, 0);
+        let Some(Seen::Request { request, reply, .. }) = parse_record(&short, &mut scratch) else {
+            panic!("not a request");
+        };
+        assert_eq!((request.len(), reply.len()), (40, 16));
+        assert!(request[4..].iter().all(|&b| b == 3) && reply[4..].iter().all(|&b| b == 4));
     }
 }

@@ -247,11 +247,26 @@ impl LockRequest {
 /// bits are clear in user space).
 const FRESH_IDS: u64 = 0xfeed_0000_0000_0000;
 
+/// `(parent, name)` to node. A hashbrown map, with std's keyed hasher (names are chosen by
+/// applications), so that it is searched by a borrowed [`NameRef`] without building a key:
+/// every request that names a file searches it.
+type NameIndex = hashbrown::HashMap<(u64, Box<[u8]>), u64, std::hash::RandomState>;
+
+/// A `(parent, name)` key of [`NameIndex`], borrowed; hashes as the owned key does.
+#[derive(Hash)]
+struct NameRef<'a>(u64, &'a [u8]);
+
+impl hashbrown::Equivalent<(u64, Box<[u8]>)> for NameRef<'_> {
+    fn equivalent(&self, key: &(u64, Box<[u8]>)) -> bool {
+        self.0 == key.0 && self.1 == &*key.1
+    }
+}
+
 /// Nodes and handles, with an index from `(parent, name)` to node.
 #[derive(Debug)]
 pub struct ObjectTable {
     nodes: HashMap<u64, Node>,
-    names: HashMap<(u64, Box<[u8]>), u64>,
+    names: NameIndex,
     /// Driver node id to the kernel's (the reverse of `Node::driver`).
     by_driver: HashMap<u64, u64>,
     /// Keyed by the kernel's `(fh, is_dir)`.
@@ -270,7 +285,7 @@ impl Default for ObjectTable {
     fn default() -> Self {
         ObjectTable {
             nodes: HashMap::new(),
-            names: HashMap::new(),
+            names: NameIndex::default(),
             by_driver: HashMap::new(),
             handles: HashMap::new(),
             locks: HashMap::new(),
@@ -554,7 +569,7 @@ impl ObjectTable {
 
     /// The node the kernel knows as `parent/name`.
     pub fn node_named(&self, parent: u64, name: &[u8]) -> Option<u64> {
-        self.names.get(&(parent, Box::from(name))).copied()
+        self.names.get(&NameRef(parent, name)).copied()
     }
 
     /// The paths and inode numbers of up to `n` nodes the kernel holds (root excluded) whose
@@ -629,7 +644,7 @@ impl ObjectTable {
         let generation = read_u64(reply, generation_at).unwrap_or(0);
         let pending_here = self
             .names
-            .get(&(parent, name.clone()))
+            .get(&NameRef(parent, &name))
             .copied()
             .filter(|n| {
                 self.nodes
@@ -736,7 +751,7 @@ impl ObjectTable {
     }
 
     fn unlink(&mut self, parent: u64, name: &[u8]) {
-        if let Some(node) = self.names.remove(&(parent, Box::from(name))) {
+        if let Some(node) = self.names.remove(&NameRef(parent, name)) {
             if let Some(entry) = self.nodes.get_mut(&node) {
                 entry.name = None;
             }
@@ -751,8 +766,8 @@ impl ObjectTable {
         new_name: Box<[u8]>,
         exchange: bool,
     ) {
-        let moved = self.names.remove(&(parent, name.clone()));
-        let displaced = self.names.remove(&(new_parent, new_name.clone()));
+        let moved = self.names.remove(&NameRef(parent, &name));
+        let displaced = self.names.remove(&NameRef(new_parent, &new_name));
         if let Some(node) = moved {
             self.names.insert((new_parent, new_name.clone()), node);
             if let Some(entry) = self.nodes.get_mut(&node) {

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use fuse_wire::abi::{size, ROOT_ID};
 use fuse_wire::ids::read_u64;
 use fuse_wire::{Opcode, OutHeader};
-use rebound_observe::{Event, Observer};
+use rebound_observe::{Event, Observer, Seen};
 use tracker::PendingChange;
 use zerocopy::FromBytes;
 
@@ -236,7 +236,6 @@ fn drain(shared: &Shared, readers: &mut ForgetReaders) -> bool {
     let Some(observer) = observer.as_mut() else {
         return false;
     };
-    let events = observer.drain();
     // Counted as the proxy counts what it forwards: the status and the metrics show them.
     let ended = observer.ended();
     let before = shared.stats.requests.swap(ended, Ordering::Relaxed);
@@ -251,24 +250,22 @@ fn drain(shared: &Shared, readers: &mut ForgetReaders) -> bool {
     }
     drop(counted);
     shared.journal_after(|| {
-        for event in events {
-            match event {
-                Event::Request {
-                    request,
-                    mut reply,
-                    cut,
-                } => observed_request(shared, &request, &mut reply, cut),
-                Event::Forget {
-                    node,
-                    count,
-                    reader,
-                } if readers.is_driver(reader) => {
-                    // The driver has it already; only the table's count drops.
-                    let _ = shared.objects().forget(node, count);
-                }
-                Event::Forget { .. } => {}
+        observer.drain_with(|seen| match seen {
+            Seen::Request {
+                request,
+                reply,
+                cut,
+            } => observed_request(shared, request, reply, cut),
+            Seen::Forget {
+                node,
+                count,
+                reader,
+            } if readers.is_driver(reader) => {
+                // The driver has it already; only the table's count drops.
+                let _ = shared.objects().forget(node, count);
             }
-        }
+            Seen::Forget { .. } => {}
+        })
     });
     true
 }

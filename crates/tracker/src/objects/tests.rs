@@ -438,3 +438,13 @@ fn a_forget_is_not_sent_to_a_driver_whose_generation_has_not_begun() {
     assert_eq!(t.node(dir), None);
     assert!(t.is_consistent());
 }
+
+#[test]
+fn a_name_is_found_by_its_borrowed_key() {
+    let mut index = NameIndex::default();
+    index.insert((7, b"abc"[..].into()), 9);
+    assert_eq!(index.get(&NameRef(7, b"abc")), Some(&9));
+    assert_eq!(index.get(&NameRef(7, b"ab")), None);
+    assert_eq!(index.get(&NameRef(8, b"abc")), None);
+    assert_eq!(index.remove(&NameRef(7, b"abc")), Some(9));
+}
