@@ -332,7 +332,7 @@ pub(super) fn restore(
         new.restore_handles(chunk, &mut restored)?;
     }
     // The requests the failed driver left, settled or sent again while new ones park.
-    superseded(shared, generation)?;
+    superseded(&shared.link(), generation)?;
     let mut left = shared.inflight.take_not_sent_to(generation).into_iter();
     while let Some((unique, request)) = left.next() {
         restored.resent += 1;
@@ -349,7 +349,7 @@ pub(super) fn restore(
     // any other reply, would hold the lookup's reply behind it until the lookup timed out.
     // Each round sends what parked during the one before.
     for _ in 0..PARKED_ROUNDS {
-        superseded(shared, generation)?;
+        superseded(&shared.link(), generation)?;
         let parked = shared.inflight.take_not_sent_to(generation);
         if parked.is_empty() {
             break;
@@ -361,9 +361,7 @@ pub(super) fn restore(
     }
     // What parked after the last round goes out, and the new driver takes over, in one step.
     let mut link = shared.link.write().unwrap_or_else(|e| e.into_inner());
-    if link.current().is_none_or(|(_, g)| g != generation) {
-        return Err("superseded by a later driver".into());
-    }
+    superseded(&link, generation)?;
     let parked = shared.inflight.take_not_sent_to(generation);
     restored.resent += parked.len();
     for (unique, request) in parked {
@@ -399,8 +397,8 @@ const PARKED_ROUNDS: usize = 4;
 /// An error if driver `generation` is no longer the one attached: a later one replaced it
 /// (the supervisor saw it fail another way while it was restored), and its restore must not
 /// take requests from that one, nor make itself the serving driver.
-fn superseded(shared: &Shared, generation: u64) -> Result<(), String> {
-    match shared.link().current() {
+fn superseded(link: &Link, generation: u64) -> Result<(), String> {
+    match link.current() {
         Some((_, g)) if g == generation => Ok(()),
         _ => Err("superseded by a later driver".into()),
     }
