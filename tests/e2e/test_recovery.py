@@ -84,8 +84,9 @@ DRIVER_CONFIG = {
 FUSE2FS_E2FSCK_CONFIG = toml(redo_log=True, pre_restart=["e2fsck", "-fy", "@IMAGE@"])
 
 
-def chaos_config(driver):
-    return CHAOS_CONFIG + DRIVER_CONFIG.get(driver, "")
+def chaos_config(driver, mode=None):
+    """CHAOS_CONFIG with the driver's own keys, and `mode` if given."""
+    return CHAOS_CONFIG + DRIVER_CONFIG.get(driver, "") + (toml(mode=mode) if mode else "")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -215,7 +216,10 @@ def errname(code):
 @pytest.mark.parametrize("workload", workloads.WORKLOADS)
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_workload_survives_driver_failures(mount, tree_tarball, seed, driver, workload):
-    survives_failures(mount, tree_tarball, seed, driver, workload, chaos_config(driver))
+    """Guarded from the start: every failure is a guarded driver's (fast mode's first one,
+    the take-over, is the next test's)."""
+    survives_failures(mount, tree_tarball, seed, driver, workload,
+                      chaos_config(driver, "guarded"))
 
 
 @pytest.mark.parametrize("driver,workload", FAST_CASES)
@@ -231,7 +235,7 @@ def test_workload_survives_driver_failures_in_fast_mode(mount, tree_tarball, see
         assert mount_status(m.mnt)["data_path"] == "guarded", explain(m, "not guarded after")
 
     survives_failures(mount, tree_tarball, seed, driver, workload,
-                      chaos_config(driver) + toml(mode="fast"), also=went_fast)
+                      chaos_config(driver, "fast"), also=went_fast)
 
 
 def survives_failures(mount, tree_tarball, seed, driver, workload, config, also=None):
