@@ -40,6 +40,15 @@ def standby_ready(status):
     return serving(status) and bool(status.get("standby_pid"))
 
 
+def each_goes_on(m, counts, who, status):
+    """Waits until every worker past a take-over does more work: each of `counts` (the work
+    each has done, which they keep counting) grows. Else fails, naming `who` and `status`."""
+    seen = list(counts)
+    assert mounts.wait_for(lambda: all(n > s for n, s in zip(counts, seen)),
+                           chaos.RECOVER_TIMEOUT), \
+        explain(m, f"{who} waits since the take-over", status)
+
+
 @pytest.mark.parametrize("driver", STANDBY_DRIVERS)
 def test_a_standby_takes_over_from_a_killed_driver(mount, driver):
     data = os.urandom(256 * 1024)
@@ -100,11 +109,7 @@ def test_a_standby_takes_over_a_fast_mode_queue_under_writers_and_none_waits(mou
                 time.sleep(rng.uniform(0.05, 0.3))  # a random moment of the writes
                 os.kill(before["driver_pid"], signal.SIGKILL)
                 after = wait_serving(m, lambda s: serving(s) and s["restarts"] == 1)
-                # Both writers are past the take-over: each writes again.
-                seen = list(writes)
-                assert mounts.wait_for(lambda: all(n > s for n, s in zip(writes, seen)),
-                                       chaos.RECOVER_TIMEOUT), \
-                    explain(m, f"round {round_}: a writer waits since the take-over", after)
+                each_goes_on(m, writes, f"round {round_}: a writer", after)
             finally:
                 stop.set()
                 for t in writers:
@@ -152,10 +157,7 @@ def test_requests_parked_on_many_files_during_a_takeover_wait_for_no_timeout(mou
                 before = wait_serving(m, standby_ready)
                 os.kill(before["driver_pid"], signal.SIGKILL)
                 after = wait_serving(m, lambda s: serving(s) and s["restarts"] == round_)
-                seen = list(reads)
-                assert mounts.wait_for(lambda: all(n > s for n, s in zip(reads, seen)),
-                                       chaos.RECOVER_TIMEOUT), \
-                    explain(m, f"round {round_}: a reader waits since the take-over", after)
+                each_goes_on(m, reads, f"round {round_}: a reader", after)
         finally:
             stop.set()
             for t in readers:
