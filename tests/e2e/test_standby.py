@@ -122,8 +122,8 @@ def test_a_standby_takes_over_a_fast_mode_queue_under_writers_and_none_waits(mou
 @pytest.mark.parametrize("data_path", ["guarded", "fast"])
 def test_requests_parked_on_many_files_during_a_takeover_wait_for_no_timeout(mount, data_path):
     """Four readers open and read files at random among 200 the kernel holds while the driver
-    is SIGKILLed, 5 times: the successor knows none of them, so each request parked during its
-    restore needs a lookup first. Every read succeeds, and none waits anywhere near the
+    is SIGKILLed, 5 times: the successor knows none of them, so many requests parked during
+    its restore need a lookup first (of the directory, or of a file the kernel holds). Every read succeeds, and none waits anywhere near the
     request timeout. (The take-over sent the parked requests under the link's lock; the
     proxy's reader, holding the reply to one of them, waited for that lock, and the lookup's
     reply behind it waited until the lookup timed out.)"""

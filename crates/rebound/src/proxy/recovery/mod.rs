@@ -344,34 +344,21 @@ pub(super) fn restore(
             return Err(format!("resending requests: {e}"));
         }
     }
-    // Requests parked meanwhile go out, first outside the link's lock: sending one may look
-    // a node up, and the proxy's reader of this driver, which waits for that lock to deliver
-    // any other reply, would hold the lookup's reply behind it until the lookup timed out.
-    // Each round sends what parked during the one before.
-    for _ in 0..PARKED_ROUNDS {
-        superseded(&shared.link(), generation)?;
-        let parked = shared.inflight.take_not_sent_to(generation);
-        if parked.is_empty() {
-            break;
-        }
-        restored.resent += parked.len();
-        for (unique, request) in parked {
-            new.send_again(unique, request);
-        }
-    }
-    // What parked after the last round goes out, and the new driver takes over, in one step.
+    // Requests parked meanwhile are taken as the new driver takes over, in one step (none
+    // parks after it), and sent once the link's lock is let go: sending one may look a node
+    // up, and the proxy's reader of this driver, which waits for that lock to deliver any
+    // other reply, would hold the lookup's reply behind it until the lookup timed out. New
+    // requests may reach the driver before these: the kernel never has two in flight that
+    // depend on each other.
     let mut link = shared.link.write().unwrap_or_else(|e| e.into_inner());
     superseded(&link, generation)?;
     let parked = shared.inflight.take_not_sent_to(generation);
-    restored.resent += parked.len();
-    for (unique, request) in parked {
-        new.send_again(unique, request);
-    }
     *link = Link::Serving {
         driver: driver.clone(),
         generation,
     };
     drop(link);
+    restored.resent += new.send_all(parked);
     mark_recovery_phase(shared, "restore");
     shared
         .stats
@@ -390,13 +377,10 @@ pub(super) fn restore(
     Ok(restored)
 }
 
-/// Rounds of sending parked requests outside the link's lock before the take-over (see
-/// [`restore`]); a queue that keeps parking requests faster than they are sent is rare.
-const PARKED_ROUNDS: usize = 4;
-
 /// An error if driver `generation` is no longer the one attached: a later one replaced it
-/// (the supervisor saw it fail another way while it was restored), and its restore must not
-/// take requests from that one, nor make itself the serving driver.
+/// (the supervisor saw it fail another way while it was restored). Its restore stops there:
+/// checked before it takes the failed driver's requests (which a later restore may be taking
+/// too: settled by either, none is lost), and under the link's lock before it takes over.
 fn superseded(link: &Link, generation: u64) -> Result<(), String> {
     match link.current() {
         Some((_, g)) if g == generation => Ok(()),
@@ -639,6 +623,15 @@ impl NewDriver<'_> {
         )
     }
 
+    /// Sends waiting requests to the new driver ([`NewDriver::send_again`]); how many.
+    fn send_all(&self, requests: Vec<(u64, Inflight)>) -> usize {
+        let sent = requests.len();
+        for (unique, request) in requests {
+            self.send_again(unique, request);
+        }
+        sent
+    }
+
     /// Sends a waiting request to the new driver, in its ids.
     fn send_again(&self, unique: u64, mut request: Inflight) {
         let shared = self.shared;
@@ -676,9 +669,12 @@ impl NewDriver<'_> {
                 }
             }
             Err(tracker::Untranslated::Pending(_)) => {
-                // This driver failed while a node was looked up: the next one gets it.
+                // The driver did not answer a lookup. During a restore the request parks, for
+                // the next round or the next driver. Once a driver serves, nothing would take
+                // a parked request again: it counts as sent to this one, for the hang check.
                 request.request.patches = tracker::Patches::default();
-                request.sent = None;
+                let serving = matches!(*shared.link(), Link::Serving { .. });
+                request.sent = serving.then(|| (self.generation, Instant::now()));
                 shared.inflight.insert(unique, request);
                 return;
             }

@@ -3,7 +3,8 @@
 //! CREATE whose file exists is answered as created, an UNLINK whose name is gone as done, a
 //! RENAME by where the names lead now), so that no change is made twice.
 //!
-//! Owns: the decision per request. Must not: send anything but through [`NewDriver`].
+//! Owns: the decision per request, and its answer when the request is settled. Must not: hold
+//! the object table's lock across a request to the driver.
 
 use std::io;
 
