@@ -33,8 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fuse_wire::ids::{
-    forget_request, getattr_request, lookup_request, open_request, read_u64, release_request,
-    write_u64,
+    forget_request, lookup_request, open_request, read_u64, release_request, write_u64,
 };
 use fuse_wire::{DriverMessage, Opcode, ReplyShape, Request};
 use rustix::io::Errno;
@@ -42,10 +41,7 @@ use rustix::net::SendFlags;
 use tracker::{Inflight, PendingChange, ToDriver};
 use zerocopy::FromBytes;
 
-use super::{
-    answer_in_drivers_place, answer_ok, answer_with, lock, mark_recovery_phase, write_to_kernel,
-    Link, Shared, POISON_FAILURES,
-};
+use super::{answer_in_drivers_place, lock, mark_recovery_phase, write_to_kernel, Link, Shared};
 
 /// What a recovery restored.
 #[derive(Clone, Debug, Default)]
@@ -379,8 +375,10 @@ pub(super) fn restore(
 
 /// An error if driver `generation` is no longer the one attached: a later one replaced it
 /// (the supervisor saw it fail another way while it was restored). Its restore stops there:
-/// checked before it takes the failed driver's requests (which a later restore may be taking
-/// too: settled by either, none is lost), and under the link's lock before it takes over.
+/// checked before it takes the failed driver's requests, and under the link's lock before it
+/// takes over. (Between the first check and its take, both restores may take requests, each
+/// its own; one the superseded restore then sends to its dead driver counts as sent, and the
+/// hang check finds it.)
 fn superseded(link: &Link, generation: u64) -> Result<(), String> {
     match link.current() {
         Some((_, g)) if g == generation => Ok(()),

@@ -8,15 +8,14 @@
 
 use std::io;
 
+use fuse_wire::ids::getattr_request;
 use fuse_wire::{Opcode, ReplyShape, Request};
 use rustix::io::Errno;
 use tracker::{Inflight, PendingChange};
 use zerocopy::{FromBytes, IntoBytes};
 
-use super::{
-    answer_in_drivers_place, answer_ok, answer_with, describe, getattr_request, reopen_flags,
-    resolve, NewDriver, POISON_FAILURES,
-};
+use super::{describe, reopen_flags, resolve, NewDriver};
+use crate::proxy::{answer_in_drivers_place, answer_ok, answer_with, POISON_FAILURES};
 
 impl NewDriver<'_> {
     /// Deals with a request the failed driver left unanswered (or that waited for this one):
