@@ -157,9 +157,18 @@ impl Proxy {
                 let event = if outcome.is_ok() {
                     ProxyEvent::Recovered
                 } else {
+                    recovery::hand_on_strays(&shared, generation, timeout);
                     ProxyEvent::RecoveryFailed
                 };
-                *lock(&shared.restored) = Some((generation, outcome));
+                let mut restored = lock(&shared.restored);
+                if shared.link().current().map(|(_, g)| g) != Some(generation) {
+                    // Superseded: its outcome must not take the place of its successor's
+                    // before the supervisor reads that.
+                    tracing::debug!("restore of a driver no longer attached ended: {outcome:?}");
+                    return;
+                }
+                *restored = Some((generation, outcome));
+                drop(restored);
                 shared.report(event);
             })?;
         Ok(())
@@ -241,13 +250,14 @@ impl Proxy {
         }
     }
 
-    /// Why the driver's last refused message was refused.
+    /// Why the current driver's last refused message was refused; `None` if no message of
+    /// the current driver was (one refused of a driver since replaced is not its successor's).
     pub fn misbehaviour(&self) -> Option<String> {
-        self.shared
-            .misbehaviour
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        let current = self.shared.link().current().map(|(_, g)| g)?;
+        match &*lock(&self.shared.misbehaviour) {
+            Some((generation, why)) if *generation == current => Some(why.clone()),
+            _ => None,
+        }
     }
 
     /// Whether the serving driver still answers: `Some(cause)` if a request waited longer than

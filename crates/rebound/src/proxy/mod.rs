@@ -300,8 +300,8 @@ struct Shared {
     /// while it restarts (its own mount(2) stats the mount point).
     root_attr: Mutex<Option<Vec<u8>>>,
     clock: Mutex<RecoveryClock>,
-    /// Why the driver was last refused, for the failure report.
-    misbehaviour: Mutex<Option<String>>,
+    /// Why a driver was last refused, for the failure report, with its generation.
+    misbehaviour: Mutex<Option<(u64, String)>>,
     /// The generation whose misbehaviour was reported, plus one (0: none).
     misbehaviour_reported: AtomicU64,
     /// The outcome of the latest restore, with its driver's generation.

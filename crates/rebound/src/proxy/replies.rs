@@ -515,10 +515,7 @@ pub(super) fn report_misbehaviour(shared: &Shared, generation: u64, why: &str) {
         .swap(generation + 1, Ordering::Relaxed)
         != generation + 1
     {
-        *shared
-            .misbehaviour
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+        *lock(&shared.misbehaviour) = Some((generation, why.to_string()));
         shared.report(ProxyEvent::DriverMisbehaved);
     }
 }

@@ -132,7 +132,11 @@ impl Run<'_> {
                 self.driver_failed(&format!("driver closed its channel{how}"), Cause::Crash);
             }
             ProxyEvent::DriverMisbehaved => {
-                let why = s.proxy.misbehaviour().unwrap_or_default();
+                let Some(why) = s.proxy.misbehaviour() else {
+                    // Reported by a driver that failed another way before this was read.
+                    tracing::debug!("a driver that is no longer current misbehaved");
+                    return;
+                };
                 let kind = if why.ends_with(crate::proxy::SECOND_OPINION) {
                     Cause::SecondOpinion
                 } else {

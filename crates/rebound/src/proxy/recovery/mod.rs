@@ -26,6 +26,7 @@ pub(super) use listing::{forget_unprimed, prime_reopened_directory};
 use listing::{list_from_start, unprimed_listing};
 use replay::log_skipped;
 
+use std::collections::HashSet;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
@@ -329,17 +330,11 @@ pub(super) fn restore(
     }
     // The requests the failed driver left, settled or sent again while new ones park.
     superseded(&shared.link(), generation)?;
-    let mut left = shared.inflight.take_not_sent_to(generation).into_iter();
-    while let Some((unique, request)) = left.next() {
-        restored.resent += 1;
-        if let Err(e) = new.settle(unique, request.clone()) {
-            // The new driver failed too: nothing taken may be dropped; the next one gets it.
-            for (unique, request) in std::iter::once((unique, request)).chain(left) {
-                shared.inflight.insert(unique, request);
-            }
-            return Err(format!("resending requests: {e}"));
-        }
-    }
+    let left = shared.inflight.take_not_sent_to(generation);
+    // Counted once each: one that waits for a lookup is taken again below.
+    let mut resent: HashSet<u64> = left.iter().map(|(unique, _)| *unique).collect();
+    new.settle_all(left)
+        .map_err(|e| format!("resending requests: {e}"))?;
     // Requests parked meanwhile are taken as the new driver takes over, in one step (none
     // parks after it), and sent once the link's lock is let go: sending one may look a node
     // up, and the proxy's reader of this driver, which waits for that lock to deliver any
@@ -354,7 +349,9 @@ pub(super) fn restore(
         generation,
     };
     drop(link);
-    restored.resent += new.send_all(parked);
+    resent.extend(parked.iter().map(|(unique, _)| *unique));
+    restored.resent = resent.len();
+    new.send_all(parked);
     mark_recovery_phase(shared, "restore");
     shared
         .stats
@@ -373,12 +370,49 @@ pub(super) fn restore(
     Ok(restored)
 }
 
+/// Settles, with the serving driver, the requests a restore of driver `generation` left in the
+/// table after a later driver took over (it was superseded while it settled them, or put them
+/// back when its driver failed): the later driver's restore took what was there before, and
+/// no one else would. Called as a restore that did not take over ends; a later restore still
+/// under way takes them itself.
+pub(super) fn hand_on_strays(shared: &Shared, generation: u64, timeout: Duration) {
+    let link = shared.link();
+    let (driver, serving) = match &*link {
+        Link::Serving {
+            driver,
+            generation: serving,
+        } if *serving != generation => (driver.clone(), *serving),
+        _ => return,
+    };
+    // Serving: every request sent since is marked sent to it, under this lock.
+    let strays = shared.inflight.take_not_sent_to(serving);
+    drop(link);
+    if strays.is_empty() {
+        return;
+    }
+    tracing::info!(
+        "{} request(s) left by the restore of driver {generation} go to driver {serving}",
+        strays.len()
+    );
+    let new = NewDriver {
+        init_reply: std::cell::OnceCell::new(),
+        shared,
+        driver: &driver,
+        generation: serving,
+        timeout,
+        direct: false,
+    };
+    if let Err(e) = new.settle_all(strays) {
+        tracing::debug!("driver {serving} failed while settling left requests: {e}");
+    }
+}
+
 /// An error if driver `generation` is no longer the one attached: a later one replaced it
 /// (the supervisor saw it fail another way while it was restored). Its restore stops there:
 /// checked before it takes the failed driver's requests, and under the link's lock before it
 /// takes over. (Between the first check and its take, both restores may take requests, each
-/// its own; one the superseded restore then sends to its dead driver counts as sent, and the
-/// hang check finds it.)
+/// its own; what the superseded one leaves goes to the serving driver as it ends:
+/// [`hand_on_strays`].)
 fn superseded(link: &Link, generation: u64) -> Result<(), String> {
     match link.current() {
         Some((_, g)) if g == generation => Ok(()),
@@ -621,13 +655,26 @@ impl NewDriver<'_> {
         )
     }
 
-    /// Sends waiting requests to the new driver ([`NewDriver::send_again`]); how many.
-    fn send_all(&self, requests: Vec<(u64, Inflight)>) -> usize {
-        let sent = requests.len();
+    /// Sends waiting requests to the new driver ([`NewDriver::send_again`]).
+    fn send_all(&self, requests: Vec<(u64, Inflight)>) {
         for (unique, request) in requests {
             self.send_again(unique, request);
         }
-        sent
+    }
+
+    /// Settles requests a failed driver left ([`NewDriver::settle`]). If the new driver fails
+    /// too, those not settled go back in the table, as they were, for the next one.
+    fn settle_all(&self, requests: Vec<(u64, Inflight)>) -> io::Result<()> {
+        let mut left = requests.into_iter();
+        while let Some((unique, request)) = left.next() {
+            if let Err(e) = self.settle(unique, request.clone()) {
+                for (unique, request) in std::iter::once((unique, request)).chain(left) {
+                    self.shared.inflight.insert(unique, request);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Sends a waiting request to the new driver, in its ids.
@@ -670,10 +717,13 @@ impl NewDriver<'_> {
                 // The driver did not answer a lookup. During a restore the request parks, for
                 // the next round or the next driver. Once a driver serves, nothing would take
                 // a parked request again: it counts as sent to this one, for the hang check.
+                // (Put back under the link's lock: a later restore takes what is parked under it.)
                 request.request.patches = tracker::Patches::default();
-                let serving = matches!(*shared.link(), Link::Serving { .. });
+                let link = shared.link();
+                let serving = matches!(*link, Link::Serving { .. });
                 request.sent = serving.then(|| (self.generation, Instant::now()));
                 shared.inflight.insert(unique, request);
+                drop(link);
                 return;
             }
             Err(tracker::Untranslated::Lost) => return self.lost(unique, queue),
