@@ -124,12 +124,13 @@ def test_a_read_only_driver_is_read_right_while_it_is_killed(mount, driver):
         print(f"{driver}: {rounds} reads of the tree, {injected} failures injected")
 
 
-def read_again_while_killed(m, read, seed, seconds=10):
-    """read(m.mnt) again and again for `seconds` while the driver is killed (SIGKILL, SIGSEGV,
-    SIGABRT) every 0.3-1 s: each round reads what the first did, and every failure injected
-    is one rebound counted. Returns the rounds and the failures injected."""
+def read_again_while_killed(m, read, seed):
+    """read(m.mnt) again and again for as long as the model workload runs while the driver is
+    killed (SIGKILL, SIGSEGV, SIGABRT) every 0.3-1 s: each round reads what the first did, and
+    every failure injected is one rebound counted. Returns the rounds and the failures
+    injected."""
     expected = read(m.mnt)
-    rounds, deadline = 0, time.monotonic() + seconds
+    rounds, deadline = 0, time.monotonic() + workloads.scale().model_seconds
     with chaos.Chaos(m.mnt, seed=seed, kinds=("SIGKILL", "SIGSEGV", "SIGABRT"),
                      min_interval=0.3, max_interval=1.0) as injector:
         while time.monotonic() < deadline:

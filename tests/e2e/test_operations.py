@@ -524,7 +524,7 @@ def test_rebound_reloads_itself_under_a_verifying_workload(mount, driver, data_p
                          + [("passthrough_ll", "fast")])
 def test_rebound_survives_its_own_death_under_a_verifying_workload(mount, driver, data_path,
                                                                    workdir):
-    """rebound itself SIGKILLed 20 times and reloaded 5 times, each reload onto a binary newly
+    """rebound itself SIGKILLed 12 times and reloaded 3 times, each reload onto a binary newly
     installed in its place, while a workload checks every byte against its model: after each
     death the keeper's successor takes the mount over, the mount never goes away, the
     application sees no error and no object is lost. In fast mode the first death finds the
@@ -553,13 +553,13 @@ def test_rebound_survives_its_own_death_under_a_verifying_workload(mount, driver
                                 chaos.RECOVER_TIMEOUT)
             return i, done, after is not None, mounts.is_fuse_mounted(m.mnt)
 
-        answers, result = while_checked(m, 13, 25, kill_or_reload)
+        answers, result = while_checked(m, 13, 15, kill_or_reload)
         for i, done, served_again, mounted in answers:
             assert done and served_again and mounted, explain(m, f"action {i}: {answers}")
         assert result.ok, explain(m, result.summary())
         status = mount_status(m.mnt)
-        assert status["rebound_deaths"] == 20 and status["reloads"] == 5, status
-        assert status["failures_by_cause"] == {"reload": 5}, status
+        assert status["rebound_deaths"] == 12 and status["reloads"] == 3, status
+        assert status["failures_by_cause"] == {"reload": 3}, status
         assert status["lost_objects"] == 0, status
         assert exe(status["rebound_pid"]) == str(installed), status
         # The fixture's rebound died at the first kill: the last successor is stopped as an

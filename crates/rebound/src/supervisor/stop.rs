@@ -15,7 +15,8 @@ use crate::cgroup::DriverCgroup;
 use crate::keeper::KeptMount;
 
 /// How long a stopping driver may sit idle after its mount went away (see
-/// [`Run::kill_if_stuck`]).
+/// [`Run::kill_if_stuck`]), at most: half of `stop_timeout_ms` if that is shorter, so that
+/// a stuck driver is told from a slow one within the time a user allowed.
 const STUCK_AT_STOP: Duration = Duration::from_secs(10);
 
 impl Run<'_> {
@@ -142,8 +143,8 @@ impl Run<'_> {
 
     /// Stopping, once the mount is gone (nothing is left for the driver to serve or flush to
     /// it): a driver whose processes have neither used CPU, read or written anything, nor
-    /// waited on a device for [`STUCK_AT_STOP`] is stuck in its teardown, and is killed
-    /// rather than waited for until `stop_timeout_ms`. libfuse's multithreaded loop cancels
+    /// waited on a device for [`STUCK_AT_STOP`] (or half of `stop_timeout_ms`) is stuck in
+    /// its teardown, and is killed rather than waited for until `stop_timeout_ms`. libfuse's multithreaded loop cancels
     /// its workers at the end, and one cancelled holding the driver's lock leaves the join
     /// waiting forever. A driver still writing its store (fuse2fs closing its image) runs or
     /// waits on the disk, and is waited for.
@@ -167,13 +168,14 @@ impl Run<'_> {
         match *quiet {
             _ if busy => *quiet = None,
             Some((since, before)) if before == progress => {
-                if now.duration_since(since) < STUCK_AT_STOP {
+                let stuck_after = STUCK_AT_STOP.min(self.config.stop_timeout() / 2);
+                if now.duration_since(since) < stuck_after {
                     return;
                 }
                 tracing::warn!(
-                    "the driver has made no progress for {} s since its mount went away: \
+                    "the driver has made no progress for {:.1} s since its mount went away: \
                      stuck in its teardown; killing it",
-                    STUCK_AT_STOP.as_secs()
+                    stuck_after.as_secs_f64()
                 );
                 process::signal_all(Signal::KILL, &[]);
                 if let Phase::Stopping { killed, .. } = &mut self.phase {
