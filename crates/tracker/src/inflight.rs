@@ -181,6 +181,34 @@ impl InflightTable {
         taken
     }
 
+    /// Of the requests `uniques` names, removes those in flight and not sent to driver
+    /// `generation`, in the kernel's order.
+    pub fn take_named_not_sent_to(&self, uniques: &[u64], generation: u64) -> Vec<(u64, Inflight)> {
+        let mut map = self.lock();
+        let mut taken = Vec::new();
+        for &unique in uniques {
+            if map
+                .get(&unique)
+                .is_some_and(|r| r.sent.is_none_or(|(g, _)| g != generation))
+            {
+                taken.extend(map.remove(&unique).map(|r| (unique, r)));
+            }
+        }
+        taken.sort_unstable_by_key(|(u, _)| *u);
+        taken
+    }
+
+    /// Marks those of the requests `uniques` names that are parked as sent to driver
+    /// `generation` at `at`.
+    pub fn mark_named_sent(&self, uniques: &[u64], generation: u64, at: Instant) {
+        let mut map = self.lock();
+        for unique in uniques {
+            if let Some(request) = map.get_mut(unique).filter(|r| r.sent.is_none()) {
+                request.sent = Some((generation, at));
+            }
+        }
+    }
+
     /// Removes every request.
     pub fn take_all(&self) -> Vec<(u64, Inflight)> {
         self.lock().drain().collect()
@@ -271,6 +299,26 @@ mod tests {
         assert_eq!(taken, vec![2, 4, 8]);
         assert_eq!(table.len(), 1);
         assert!(table.oldest_sent().is_some());
+    }
+
+    #[test]
+    fn only_the_named_requests_are_taken_or_marked() {
+        let table = InflightTable::new();
+        table.insert(8, getattr(None)); // named, parked
+        table.insert(4, getattr(Some(1))); // named, sent to a failed driver
+        table.insert(6, getattr(Some(2))); // named, sent to the serving one
+        table.insert(2, getattr(None)); // parked by someone else
+        let taken: Vec<u64> = table
+            .take_named_not_sent_to(&[8, 6, 4, 10], 2)
+            .into_iter()
+            .map(|(u, _)| u)
+            .collect();
+        assert_eq!(taken, vec![4, 8]);
+        table.insert(8, getattr(None));
+        table.mark_named_sent(&[8, 6], 3, Instant::now());
+        assert_eq!(table.take(8).and_then(|r| r.sent).map(|(g, _)| g), Some(3));
+        assert_eq!(table.take(6).and_then(|r| r.sent).map(|(g, _)| g), Some(2));
+        assert_eq!(table.take(2).map(|r| r.sent), Some(None));
     }
 
     #[test]

@@ -157,7 +157,6 @@ impl Proxy {
                 let event = if outcome.is_ok() {
                     ProxyEvent::Recovered
                 } else {
-                    recovery::hand_on_strays(&shared, generation, timeout);
                     ProxyEvent::RecoveryFailed
                 };
                 let mut restored = lock(&shared.restored);

@@ -295,6 +295,9 @@ struct Shared {
     buffers: BufferPool,
     /// The kernel's INIT request as the first driver got it, replayed to every new one.
     init: Mutex<Option<Vec<u8>>>,
+    /// The serving driver's reply to its replayed INIT, once a restore made it serve: the
+    /// answer to a kernel INIT it is handed later (see `recovery::hand_on_strays`).
+    restored_init_reply: Mutex<Option<Vec<u8>>>,
     calls: PrivateCalls,
     /// The body of the latest GETATTR reply for the root, answered in the driver's place
     /// while it restarts (its own mount(2) stats the mount point).
@@ -594,6 +597,7 @@ impl Proxy {
             eio_log: LogBudget::new(REFUSALS_LOGGED_PER_SECOND),
             buffers: BufferPool::default(),
             init: Mutex::new(None),
+            restored_init_reply: Mutex::new(None),
             calls: PrivateCalls::default(),
             root_attr: Mutex::new(None),
             clock: Mutex::new(RecoveryClock::default()),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::process::{self, Exit};
 use super::restart::Cause;
 use super::{log_stats, unmount, Phase, Run, Step};
-use crate::proxy::ProxyEvent;
+use crate::proxy::{ProxyEvent, Restored};
 
 /// How long the status waits for a process of a driver that answered INIT to read its
 /// channel before it names the likeliest one anyway.
@@ -144,29 +144,16 @@ impl Run<'_> {
                 };
                 self.driver_failed(&format!("misbehaved: {why}"), kind);
             }
-            ProxyEvent::Recovered => {
-                let Some(Ok(restored)) = s.proxy.take_restored() else {
-                    return;
-                };
-                tracing::info!(
-                    "recovered {}: {} logged changes replayed, {} handles reopened, {} lost, \
-                     {} nodes to look up as needed, {} waiting requests resent or settled, in \
-                     {:.1} ms",
-                    s.mountpoint.display(),
-                    restored.replayed,
-                    restored.handles,
-                    restored.lost,
-                    restored.nodes,
-                    restored.resent,
-                    restored.restore_ms
-                );
-                let upgraded = self.upgrade_served();
-                self.phase = Phase::Serving;
-                self.announce(Announcement::Recovered { upgraded });
-                // The next failure's successor, started now rather than at the next tick:
-                // failures can come faster than ticks.
-                self.keep_standby(Instant::now());
-            }
+            // Either event reads the outcome stored last, whichever it is: a failed restore's
+            // event may be read after its successor's outcome replaced its own.
+            ProxyEvent::Recovered | ProxyEvent::RecoveryFailed => match s.proxy.take_restored() {
+                Some(Ok(restored)) => self.on_recovered(restored),
+                Some(Err(why)) => {
+                    tracing::error!("the new driver could not be restored: {why}");
+                    self.restart_failed();
+                }
+                None => {}
+            },
             ProxyEvent::Initialized => {
                 if matches!(self.phase, Phase::Serving) {
                     self.announce(Announcement::Ready);
@@ -188,14 +175,31 @@ impl Run<'_> {
                     self.board.record_recovery(&timing);
                 }
             }
-            ProxyEvent::RecoveryFailed => {
-                let Some(Err(why)) = s.proxy.take_restored() else {
-                    return;
-                };
-                tracing::error!("the new driver could not be restored: {why}");
-                self.restart_failed();
-            }
         }
+    }
+
+    fn on_recovered(&mut self, restored: Restored) {
+        let Some(s) = &self.served else {
+            return;
+        };
+        tracing::info!(
+            "recovered {}: {} logged changes replayed, {} handles reopened, {} lost, \
+                     {} nodes to look up as needed, {} waiting requests resent or settled, in \
+                     {:.1} ms",
+            s.mountpoint.display(),
+            restored.replayed,
+            restored.handles,
+            restored.lost,
+            restored.nodes,
+            restored.resent,
+            restored.restore_ms
+        );
+        let upgraded = self.upgrade_served();
+        self.phase = Phase::Serving;
+        self.announce(Announcement::Recovered { upgraded });
+        // The next failure's successor, started now rather than at the next tick:
+        // failures can come faster than ticks.
+        self.keep_standby(Instant::now());
     }
 
     pub(super) fn reap(&mut self) {

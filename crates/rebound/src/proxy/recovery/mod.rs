@@ -25,6 +25,7 @@ pub(super) use follower::Follower;
 pub(super) use listing::{forget_unprimed, prime_reopened_directory};
 use listing::{list_from_start, unprimed_listing};
 use replay::log_skipped;
+use settle::hand_on_strays;
 
 use std::collections::HashSet;
 use std::io;
@@ -252,13 +253,30 @@ struct NewDriver<'a> {
 }
 
 /// Brings driver `generation`, reachable through `driver`, up to the kernel's state and makes
-/// it the serving driver. `init_reply` and `on_spare` as for `Proxy::attach_driver`.
+/// it the serving driver. `init_reply` and `on_spare` as for `Proxy::attach_driver`. What it
+/// took of the failed driver's requests and left unanswered when a later driver replaced it
+/// meanwhile goes to that one ([`hand_on_strays`]).
 pub(super) fn restore(
     shared: &Shared,
     driver: &Arc<OwnedFd>,
     generation: u64,
     timeout: Duration,
+    init: (Option<Vec<u8>>, bool),
+) -> Result<Restored, String> {
+    let mut taken = HashSet::new();
+    let outcome = restore_taking(shared, driver, generation, timeout, init, &mut taken);
+    hand_on_strays(shared, generation, timeout, &Vec::from_iter(taken));
+    outcome
+}
+
+/// [`restore`], adding to `taken` every request it takes from the in-flight table.
+fn restore_taking(
+    shared: &Shared,
+    driver: &Arc<OwnedFd>,
+    generation: u64,
+    timeout: Duration,
     (init_reply, on_spare): (Option<Vec<u8>>, bool),
+    taken: &mut HashSet<u64>,
 ) -> Result<Restored, String> {
     let started = Instant::now();
     let new = NewDriver {
@@ -331,8 +349,7 @@ pub(super) fn restore(
     // The requests the failed driver left, settled or sent again while new ones park.
     superseded(&shared.link(), generation)?;
     let left = shared.inflight.take_not_sent_to(generation);
-    // Counted once each: one that waits for a lookup is taken again below.
-    let mut resent: HashSet<u64> = left.iter().map(|(unique, _)| *unique).collect();
+    taken.extend(left.iter().map(|(unique, _)| *unique));
     new.settle_all(left)
         .map_err(|e| format!("resending requests: {e}"))?;
     // Requests parked meanwhile are taken as the new driver takes over, in one step (none
@@ -348,9 +365,11 @@ pub(super) fn restore(
         driver: driver.clone(),
         generation,
     };
+    *lock(&shared.restored_init_reply) = new.init_reply.get().cloned();
     drop(link);
-    resent.extend(parked.iter().map(|(unique, _)| *unique));
-    restored.resent = resent.len();
+    // Counted once each: one that waited for a lookup above is taken again here.
+    taken.extend(parked.iter().map(|(unique, _)| *unique));
+    restored.resent = taken.len();
     new.send_all(parked);
     mark_recovery_phase(shared, "restore");
     shared
@@ -368,43 +387,6 @@ pub(super) fn restore(
     }
     restored.restore_ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(restored)
-}
-
-/// Settles, with the serving driver, the requests a restore of driver `generation` left in the
-/// table after a later driver took over (it was superseded while it settled them, or put them
-/// back when its driver failed): the later driver's restore took what was there before, and
-/// no one else would. Called as a restore that did not take over ends; a later restore still
-/// under way takes them itself.
-pub(super) fn hand_on_strays(shared: &Shared, generation: u64, timeout: Duration) {
-    let link = shared.link();
-    let (driver, serving) = match &*link {
-        Link::Serving {
-            driver,
-            generation: serving,
-        } if *serving != generation => (driver.clone(), *serving),
-        _ => return,
-    };
-    // Serving: every request sent since is marked sent to it, under this lock.
-    let strays = shared.inflight.take_not_sent_to(serving);
-    drop(link);
-    if strays.is_empty() {
-        return;
-    }
-    tracing::info!(
-        "{} request(s) left by the restore of driver {generation} go to driver {serving}",
-        strays.len()
-    );
-    let new = NewDriver {
-        init_reply: std::cell::OnceCell::new(),
-        shared,
-        driver: &driver,
-        generation: serving,
-        timeout,
-        direct: false,
-    };
-    if let Err(e) = new.settle_all(strays) {
-        tracing::debug!("driver {serving} failed while settling left requests: {e}");
-    }
 }
 
 /// An error if driver `generation` is no longer the one attached: a later one replaced it
@@ -517,7 +499,7 @@ impl NewDriver<'_> {
             .map_err(|e| format!("restoring the node of a handle: {e}"))?
             {
                 Some(driver_node) => opens.push((fh, dir, driver_node, flags)),
-                None => self.handle_lost(restored),
+                None => self.handle_lost(restored, fh, &format!("node {node} is gone")),
             }
         }
         let replies = self
@@ -529,8 +511,12 @@ impl NewDriver<'_> {
             )
             .map_err(|e| format!("reopening handles: {e}"))?;
         for (&(fh, dir, driver_node, flags), reply) in opens.iter().zip(replies) {
-            match reply.ok().and_then(|open_out| read_u64(&open_out, 0)) {
-                Some(driver_fh) => {
+            let reply = match reply {
+                Ok(open_out) => read_u64(&open_out, 0).ok_or(Errno::PROTO.raw_os_error()),
+                Err(errno) => Err(errno),
+            };
+            match reply {
+                Ok(driver_fh) => {
                     if self.shared.objects().restore_handle(fh, dir, driver_fh) {
                         restored.handles += 1;
                         self.retake_locks(fh)?;
@@ -538,7 +524,11 @@ impl NewDriver<'_> {
                         self.release(driver_node, driver_fh, flags, dir);
                     }
                 }
-                None => self.handle_lost(restored),
+                Err(errno) => {
+                    let why = io::Error::from_raw_os_error(errno);
+                    let why = format!("reopening the driver's node {driver_node}: {why}");
+                    self.handle_lost(restored, fh, &why);
+                }
             }
         }
         // A reopened directory is read from its start once before the kernel goes on from
@@ -600,7 +590,8 @@ impl NewDriver<'_> {
     }
 
     /// A handle the new driver could not reopen: requests on it fail with `EIO`.
-    fn handle_lost(&self, restored: &mut Restored) {
+    fn handle_lost(&self, restored: &mut Restored, fh: u64, why: &str) {
+        tracing::warn!("handle {fh} could not be restored: {why}");
         restored.lost += 1;
         self.shared
             .stats
@@ -660,21 +651,6 @@ impl NewDriver<'_> {
         for (unique, request) in requests {
             self.send_again(unique, request);
         }
-    }
-
-    /// Settles requests a failed driver left ([`NewDriver::settle`]). If the new driver fails
-    /// too, those not settled go back in the table, as they were, for the next one.
-    fn settle_all(&self, requests: Vec<(u64, Inflight)>) -> io::Result<()> {
-        let mut left = requests.into_iter();
-        while let Some((unique, request)) = left.next() {
-            if let Err(e) = self.settle(unique, request.clone()) {
-                for (unique, request) in std::iter::once((unique, request)).chain(left) {
-                    self.shared.inflight.insert(unique, request);
-                }
-                return Err(e);
-            }
-        }
-        Ok(())
     }
 
     /// Sends a waiting request to the new driver, in its ids.

@@ -3,10 +3,13 @@
 //! CREATE whose file exists is answered as created, an UNLINK whose name is gone as done, a
 //! RENAME by where the names lead now), so that no change is made twice.
 //!
+//! Also what a superseded restore took and left waiting for nobody ([`hand_on_strays`]).
+//!
 //! Owns: the decision per request, and its answer when the request is settled. Must not: hold
 //! the object table's lock across a request to the driver.
 
 use std::io;
+use std::time::{Duration, Instant};
 
 use fuse_wire::ids::getattr_request;
 use fuse_wire::{Opcode, ReplyShape, Request};
@@ -15,9 +18,79 @@ use tracker::{Inflight, PendingChange};
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::{describe, reopen_flags, resolve, NewDriver};
-use crate::proxy::{answer_in_drivers_place, answer_ok, answer_with, POISON_FAILURES};
+use crate::proxy::{
+    answer_in_drivers_place, answer_ok, answer_with, lock, Link, Shared, POISON_FAILURES,
+};
+
+/// Settles, with the serving driver, those of the requests `taken` by the restore of driver
+/// `generation` that wait for nobody: the restore was superseded (the supervisor replaced its
+/// driver) after it took them, and the later driver's restore took what was in the table
+/// before they were put back or sent to the replaced driver. A later restore still under way
+/// takes them itself; the restore's own driver serving, nothing is astray.
+pub(super) fn hand_on_strays(shared: &Shared, generation: u64, timeout: Duration, taken: &[u64]) {
+    loop {
+        let link = shared.link();
+        let (driver, serving) = match &*link {
+            Link::Serving {
+                driver,
+                generation: serving,
+            } if *serving != generation => (driver.clone(), *serving),
+            _ => return,
+        };
+        let strays = shared.inflight.take_named_not_sent_to(taken, serving);
+        drop(link);
+        if strays.is_empty() {
+            return;
+        }
+        tracing::info!(
+            "{} request(s) taken by the restore of driver {generation} go to driver {serving}",
+            strays.len()
+        );
+        let init_reply = std::cell::OnceCell::new();
+        if let Some(body) = lock(&shared.restored_init_reply).clone() {
+            let _ = init_reply.set(body);
+        }
+        let new = NewDriver {
+            init_reply,
+            shared,
+            driver: &driver,
+            generation: serving,
+            timeout,
+            direct: false,
+        };
+        let Err(e) = new.settle_all(strays) else {
+            return;
+        };
+        tracing::debug!("driver {serving} failed while they were settled: {e}");
+        let link = shared.link();
+        if matches!(&*link, Link::Serving { generation: g, .. } if *g == serving) {
+            // It serves still (a lookup timed out): they count as sent to it, so that the
+            // hang check finds them.
+            shared
+                .inflight
+                .mark_named_sent(taken, serving, Instant::now());
+            return;
+        }
+        // Another driver serves (they go to it), or a restore is under way (it takes them).
+    }
+}
 
 impl NewDriver<'_> {
+    /// Settles requests a failed driver left ([`NewDriver::settle`]). If the new driver fails
+    /// too, those not settled go back in the table, as they were, for the next one.
+    pub(super) fn settle_all(&self, requests: Vec<(u64, Inflight)>) -> io::Result<()> {
+        let mut left = requests.into_iter();
+        while let Some((unique, request)) = left.next() {
+            if let Err(e) = self.settle(unique, request.clone()) {
+                for (unique, request) in std::iter::once((unique, request)).chain(left) {
+                    self.shared.inflight.insert(unique, request);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// Deals with a request the failed driver left unanswered (or that waited for this one):
     /// answers it if the new driver's state shows it already happened, otherwise sends it.
     pub(super) fn settle(&self, unique: u64, mut request: Inflight) -> io::Result<()> {
