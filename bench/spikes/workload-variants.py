@@ -24,9 +24,9 @@ import mounts  # noqa: E402
 import run  # noqa: E402
 
 
-def measure(driver, workload, work, q, config, binary):
+def measure(driver, workload, work, q, sshd, config, binary):
     kind = "direct" if config is None else "rebound"
-    m = mounts.Mount(driver, kind, work, config=config, rebound=binary)
+    m = mounts.Mount(driver, kind, work, config=config, rebound=binary, sshd=sshd)
     m.start()
     try:
         if kind == "rebound":
@@ -51,17 +51,22 @@ def main():
     q = run.inputs(mounts.new_workdir("variants-in"), False)
     q.update(o_direct=False, invalidate=1)
     work = mounts.new_workdir("variants")
-    mounts.Mount(driver, "direct", work).prepare(1 << 30)
+    sshd = mounts.start_sshd() if driver == "sshfs" else None
+    mounts.Mount(driver, "direct", work, sshd=sshd).prepare(1 << 30)
     results = {name: [] for name in targets}
     names, metric = list(targets), None
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            try:
-                metric, value = measure(driver, workload, work, q, *targets[name])
-            except Exception as e:
-                sys.exit(f"round {r}, {name}: {e}")
-            results[name].append(value)
-        print(f"round {r}:", {n: round(v[-1], 3) for n, v in results.items()}, flush=True)
+    try:
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                try:
+                    metric, value = measure(driver, workload, work, q, sshd, *targets[name])
+                except Exception as e:
+                    sys.exit(f"round {r}, {name}: {e}")
+                results[name].append(value)
+            print(f"round {r}:", {n: round(v[-1], 3) for n, v in results.items()}, flush=True)
+    finally:
+        if sshd is not None:
+            sshd.stop()
     sign = -1 if run.lower_is_better(metric) else 1
     for name, values in results.items():
         ratios = [(v / d) ** sign for v, d in zip(values, results["direct"])]
