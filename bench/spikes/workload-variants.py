@@ -7,7 +7,8 @@ machine's slow drifts out of the comparison, so a variant's own cost shows with 
 
 Variants are NAME=CONFIG (the text of rebound's config file, `\\n` for newlines) or
 NAME=CONFIG@BINARY (another rebound build); `again=` is the driver mounted directly a second
-time (the control). Run as root after tests/setup.sh.
+time (the control). A read workload's files are laid out in the backing directory first (so
+drivers over a directory only). Run as root after tests/setup.sh.
 
 Usage: bench/spikes/workload-variants.py passthrough_ll metadata 6 'fast=mode = "fast"' \\
            'sandbox-off=mode = "fast"\\n[sandbox]\\nprofile = "off"' again="""
@@ -27,6 +28,10 @@ import run  # noqa: E402
 def measure(driver, workload, work, q, sshd, config, binary):
     kind = "direct" if config is None else "rebound"
     m = mounts.Mount(driver, kind, work, config=config, rebound=binary, sshd=sshd)
+    if workload in run.READS:
+        # Every target starts from the backing store in the host's page cache, as in run.py.
+        for path in (p for p in (work / "src").rglob("*") if p.is_file()):
+            path.read_bytes()
     m.start()
     try:
         if kind == "rebound":
@@ -53,6 +58,11 @@ def main():
     work = mounts.new_workdir("variants")
     sshd = mounts.start_sshd() if driver == "sshfs" else None
     mounts.Mount(driver, "direct", work, sshd=sshd).prepare(1 << 30)
+    if workload in run.READS:
+        if mounts.DRIVERS[driver][1] != "dir":
+            sys.exit(f"{workload}: only drivers over a directory (whose files fio lays out)")
+        # fio lays the read files out in the backing directory, once for all targets.
+        run.WORKLOADS[workload](work / "src", dict(q, runtime=1))
     results = {name: [] for name in targets}
     names, metric = list(targets), None
     try:
