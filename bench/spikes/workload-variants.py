@@ -7,8 +7,8 @@ machine's slow drifts out of the comparison, so a variant's own cost shows with 
 
 Variants are NAME=CONFIG (the text of rebound's config file, `\\n` for newlines) or
 NAME=CONFIG@BINARY (another rebound build); `again=` is the driver mounted directly a second
-time (the control). A read workload's files are laid out in the backing directory first (so
-drivers over a directory only). Run as root after tests/setup.sh.
+time (the control). A read workload's files are laid out once first (in the backing directory,
+or through a direct mount of an image). Run as root after tests/setup.sh.
 
 Usage: bench/spikes/workload-variants.py passthrough_ll metadata 6 'fast=mode = "fast"' \\
            'sandbox-off=mode = "fast"\\n[sandbox]\\nprofile = "off"' again="""
@@ -30,8 +30,12 @@ def measure(driver, workload, work, q, sshd, config, binary):
     m = mounts.Mount(driver, kind, work, config=config, rebound=binary, sshd=sshd)
     if workload in run.READS:
         # Every target starts from the backing store in the host's page cache, as in run.py.
-        for path in (p for p in (work / "src").rglob("*") if p.is_file()):
-            path.read_bytes()
+        store = [work / "disk.img"] if mounts.DRIVERS[driver][1] == "image" else \
+            [p for p in (work / "src").rglob("*") if p.is_file()]
+        for path in store:
+            with open(path, "rb", buffering=0) as f:
+                while f.read(1 << 20):
+                    pass
     m.start()
     try:
         if kind == "rebound":
@@ -59,10 +63,17 @@ def main():
     sshd = mounts.start_sshd() if driver == "sshfs" else None
     mounts.Mount(driver, "direct", work, sshd=sshd).prepare(1 << 30)
     if workload in run.READS:
-        if mounts.DRIVERS[driver][1] != "dir":
-            sys.exit(f"{workload}: only drivers over a directory (whose files fio lays out)")
-        # fio lays the read files out in the backing directory, once for all targets.
-        run.WORKLOADS[workload](work / "src", dict(q, runtime=1))
+        # fio lays the read files out once for all targets: in the backing directory, or
+        # through a direct mount of an image.
+        if mounts.DRIVERS[driver][1] == "dir":
+            run.WORKLOADS[workload](work / "src", dict(q, runtime=1))
+        else:
+            m = mounts.Mount(driver, "direct", work, sshd=sshd)
+            m.start()
+            try:
+                run.WORKLOADS[workload](m.mnt, dict(q, runtime=1))
+            finally:
+                m.stop()
     results = {name: [] for name in targets}
     names, metric = list(targets), None
     try:
