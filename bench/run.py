@@ -199,18 +199,6 @@ class Target:
         if rc not in (0, None):
             raise RuntimeError(f"{m.describe()} exited with {rc}: {m.stderr()[-500:]}")
 
-    def warm_backing_store(self):
-        """Reads the backing store (the image, or the files of the directory) into the host's
-        page cache, so that every target starts a read workload from the same state."""
-        if mounts.DRIVERS[self.driver][1] == "image":
-            paths = [self.work / "disk.img"]
-        else:
-            paths = [p for p in (self.work / "src").rglob("*") if p.is_file()]
-        for path in paths:
-            with open(path, "rb", buffering=0) as f:
-                while f.read(1 << 20):
-                    pass
-
     def counters(self):
         """(CPU seconds rebound has used, requests it has forwarded) for the rebound target."""
         if self.kind != "rebound":
@@ -224,13 +212,26 @@ class Target:
 # --- workloads: each returns {metric: value}; higher is better unless the name says _us or is
 # "s"; a value that is a string is a note on how it was measured (the fio engine) ---
 
+def warm_backing_store(driver, work):
+    """Reads the backing store in `work` (the image, or the files of the directory) into the
+    host's page cache, so that every target starts a read workload from the same state."""
+    if mounts.DRIVERS[driver][1] == "image":
+        paths = [work / "disk.img"]
+    else:
+        paths = [p for p in (work / "src").rglob("*") if p.is_file()]
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(1 << 20):
+                pass
+
+
 def fio(mnt, name, rw, bs, size, runtime, jobs=1, engine="psync", iodepth=1, direct=False,
         invalidate=True):
     """MiB/s of one fio job (or group of jobs). A write job writes its files anew and removes
     them; a read job's files stay in the backing store, laid out by the first target that
     reads them, so that the others (which share the backing store) do not lay them out again.
     A FUSE target's own page cache of them is empty (a fresh mount; --invalidate besides); the
-    backing store's is warm (Target.warm_backing_store), which for the kernel target is its
+    backing store's is warm (warm_backing_store), which for the kernel target is its
     own, so it reads from the page cache."""
     writes = "write" in rw
     out = subprocess.run(
@@ -478,7 +479,7 @@ def measure(t, name, rep, q):
            "loadavg": os.getloadavg()[0]}
     begun = time.monotonic()
     if name in READS:
-        t.warm_backing_store()
+        warm_backing_store(t.driver, t.work)
     q = dict(q, invalidate=t.kind != "kernel")
     try:
         t.start()

@@ -29,13 +29,7 @@ def measure(driver, workload, work, q, sshd, config, binary):
     kind = "direct" if config is None else "rebound"
     m = mounts.Mount(driver, kind, work, config=config, rebound=binary, sshd=sshd)
     if workload in run.READS:
-        # Every target starts from the backing store in the host's page cache, as in run.py.
-        store = [work / "disk.img"] if mounts.DRIVERS[driver][1] == "image" else \
-            [p for p in (work / "src").rglob("*") if p.is_file()]
-        for path in store:
-            with open(path, "rb", buffering=0) as f:
-                while f.read(1 << 20):
-                    pass
+        run.warm_backing_store(driver, work)
     m.start()
     try:
         if kind == "rebound":
