@@ -13,6 +13,7 @@ recovery benchmark shares (the rebound binary, its status).
     bench/run.py [--drivers passthrough_ll,fuse2fs,sshfs] [--reps 3] [--quick] [--out DIR]
                  [--modes fast,guarded]   (rebound's data paths: `mode` in its config)
                  [--no-control]           (no `direct-again` target)
+                 [--halt-poll-ns N|keep]  (a KVM guest's halt polling for the run; 200000)
 
 BENCH_EXTRA_CONFIG, if set, is appended to the rebound targets' config (an experiment's
 settings, e.g. `[sandbox]` `profile = "off"` to measure what the sandbox costs).
@@ -59,6 +60,32 @@ CONTROL = "direct-again"
 MODES = ("fast", "guarded")  # rebound's data paths; the first is its default (`mode = "auto"`)
 GOAL = 0.95  # rebound/direct, issue 5
 CHART_TOP = 1.5  # the chart's y range ends here; a larger ratio is written on its bar
+
+
+HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+KERNEL_HALT_POLL_NS = 200_000  # cpuidle-haltpoll's own default
+
+
+@contextlib.contextmanager
+def halt_polling(ns):
+    """Sets a KVM guest's halt polling (cpuidle-haltpoll: how long an idle vCPU polls before it
+    halts into the hypervisor) to ns for the run, and puts the machine's value back after.
+    Yields {"machine": ns before, "run": ns}, or None where there is no haltpoll or ns is None.
+
+    With it at 0 (this project's machines boot with `haltpoll.guest_halt_poll_ns=0`), every
+    wake-up of an idle vCPU is a trip through the hypervisor: a directly mounted fuse2fs
+    answered a stat in a median 23-26 µs, and its control ranged 0.70-1.32 of it over rounds of
+    fresh mounts; at the kernel's default of 200 µs, 15 µs and 0.95-1.23
+    (bench/results/halt-polling-2026-11-28.md)."""
+    if ns is None or not HALT_POLL.exists():
+        yield None
+        return
+    before = int(HALT_POLL.read_text())
+    HALT_POLL.write_text(str(ns))
+    try:
+        yield {"machine": before, "run": ns}
+    finally:
+        HALT_POLL.write_text(str(before))
 
 
 def wait_for(cond, timeout, what):
@@ -703,6 +730,9 @@ def render(metas, results, command, png=None):
         f"# Benchmark\n\nRuns: {runs}. Machine: {machine}, {m['cpus']} CPUs"
         + (f", {m['mem_gib']} GiB" if "mem_gib" in m else "")
         + f", kernel {m['kernel']}"
+        + (f"; guest halt polling {polling['run'] / 1000:g} µs for the run (the machine's: "
+           f"{polling['machine'] / 1000:g} µs)" if (polling := m.get("guest_halt_poll_ns"))
+           else "")
         + (f"; shared with other work (1-min load average at the measurements: median "
            f"{statistics.median(loads):.1f}, max {max(loads):.1f})" if loads else "")
         + ".\n\n"
@@ -781,6 +811,10 @@ def main():
     p.add_argument("--no-control", dest="control", action="store_false",
                    help=f"no `{CONTROL}` target (the driver mounted directly a second time, "
                         "whose ratio to direct shows the run's noise)")
+    p.add_argument("--halt-poll-ns", default=str(KERNEL_HALT_POLL_NS),
+                   type=lambda v: None if v == "keep" else int(v),
+                   help="a KVM guest's halt polling during the run, restored after (default: "
+                        "the kernel's own default, 200 µs); `keep` leaves the machine's")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--report", nargs="+", metavar="JSONL",
                    help="only render the table and chart of earlier runs' result files "
@@ -817,7 +851,8 @@ def main():
             "quick": args.quick, "rebound": str(REBOUND), "modes": args.modes,
             "command": "bench/run.py " + " ".join(sys.argv[1:])}
     path = out / f"{started.replace(':', '')}.jsonl"
-    with open(path, "w") as sink:
+    with halt_polling(args.halt_poll_ns) as polling, open(path, "w") as sink:
+        meta["guest_halt_poll_ns"] = polling
         results = run(args, meta, sink)
     print(report([meta], results, out, meta["command"], [path]))
     print(f"results: {path} and the report beside it in {out}")

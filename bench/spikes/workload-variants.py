@@ -7,8 +7,9 @@ machine's slow drifts out of the comparison, so a variant's own cost shows with 
 
 Variants are NAME=CONFIG (the text of rebound's config file, `\\n` for newlines) or
 NAME=CONFIG@BINARY (another rebound build); `again=` is the driver mounted directly a second
-time (the control). A read workload's files are laid out once first (in the backing directory,
-or through a direct mount of an image). Run as root after tests/setup.sh.
+time (the control). A KVM guest's halt polling is set as bench/run.py sets it (HALT_POLL_NS=N,
+or keep). A read workload's files are laid out once first (in the backing directory, or
+through a direct mount of an image). Run as root after tests/setup.sh.
 
 Usage: bench/spikes/workload-variants.py passthrough_ll metadata 6 'fast=mode = "fast"' \\
            'sandbox-off=mode = "fast"\\n[sandbox]\\nprofile = "off"' again="""
@@ -35,8 +36,8 @@ def measure(driver, workload, work, q, sshd, config, binary):
         if kind == "rebound":
             mounts.wait_for(lambda: mounts.rebound_ready(m.mnt), 10)
         run.settle(m.mnt)
-        (metric, value), = run.WORKLOADS[workload](m.mnt, q).items()
-        return metric, value
+        # The workload's first figure (latency's is the median stat).
+        return next(iter(run.WORKLOADS[workload](m.mnt, q).items()))
     finally:
         m.stop()  # (not cleanup(): it removes the work directory all targets share)
 
@@ -70,15 +71,18 @@ def main():
                 m.stop()
     results = {name: [] for name in targets}
     names, metric = list(targets), None
+    polling = os.environ.get("HALT_POLL_NS", str(run.KERNEL_HALT_POLL_NS))
     try:
-        for r in range(rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                try:
-                    metric, value = measure(driver, workload, work, q, sshd, *targets[name])
-                except Exception as e:
-                    sys.exit(f"round {r}, {name}: {e}")
-                results[name].append(value)
-            print(f"round {r}:", {n: round(v[-1], 3) for n, v in results.items()}, flush=True)
+        with run.halt_polling(None if polling == "keep" else int(polling)):
+            for r in range(rounds):
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    try:
+                        metric, value = measure(driver, workload, work, q, sshd, *targets[name])
+                    except Exception as e:
+                        sys.exit(f"round {r}, {name}: {e}")
+                    results[name].append(value)
+                print(f"round {r}:", {n: round(v[-1], 3) for n, v in results.items()},
+                      flush=True)
     finally:
         if sshd is not None:
             sshd.stop()
