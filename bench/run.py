@@ -38,6 +38,7 @@ import mmap
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -70,22 +71,37 @@ KERNEL_HALT_POLL_NS = 200_000  # cpuidle-haltpoll's own default
 def halt_polling(ns):
     """Sets a KVM guest's halt polling (cpuidle-haltpoll: how long an idle vCPU polls before it
     halts into the hypervisor) to ns for the run, and puts the machine's value back after.
-    Yields {"machine": ns before, "run": ns}, or None where there is no haltpoll or ns is None.
+    ns None leaves the machine's value. Yields {"machine": its value, "run": the run's}, or None
+    where the machine has no haltpoll (then says so).
 
     With it at 0 (this project's machines boot with `haltpoll.guest_halt_poll_ns=0`), every
     wake-up of an idle vCPU is a trip through the hypervisor: a directly mounted fuse2fs
     answered a stat in a median 23-26 µs, and its control ranged 0.70-1.32 of it over rounds of
     fresh mounts; at the kernel's default of 200 µs, 15 µs and 0.95-1.23
     (bench/results/halt-polling-2026-11-28.md)."""
-    if ns is None or not HALT_POLL.exists():
+    if not HALT_POLL.exists():
+        print("bench: no guest halt polling here (not a KVM guest with cpuidle-haltpoll)",
+              file=sys.stderr)
         yield None
         return
     before = int(HALT_POLL.read_text())
+    if ns is None:
+        yield {"machine": before, "run": before}
+        return
     HALT_POLL.write_text(str(ns))
     try:
         yield {"machine": before, "run": ns}
     finally:
         HALT_POLL.write_text(str(before))
+
+
+def halt_poll_ns(value):
+    """--halt-poll-ns: nanoseconds (0 or more), or `keep`."""
+    if value == "keep":
+        return None
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a number of ns nor `keep`")
+    return int(value)
 
 
 def wait_for(cond, timeout, what):
@@ -812,7 +828,7 @@ def main():
                    help=f"no `{CONTROL}` target (the driver mounted directly a second time, "
                         "whose ratio to direct shows the run's noise)")
     p.add_argument("--halt-poll-ns", default=str(KERNEL_HALT_POLL_NS),
-                   type=lambda v: None if v == "keep" else int(v),
+                   type=halt_poll_ns,
                    help="a KVM guest's halt polling during the run, restored after (default: "
                         "the kernel's own default, 200 µs); `keep` leaves the machine's")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -851,6 +867,8 @@ def main():
             "quick": args.quick, "rebound": str(REBOUND), "modes": args.modes,
             "command": "bench/run.py " + " ".join(sys.argv[1:])}
     path = out / f"{started.replace(':', '')}.jsonl"
+    # A killed run (SIGTERM) unwinds too, so the machine gets its halt polling back.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with halt_polling(args.halt_poll_ns) as polling, open(path, "w") as sink:
         meta["guest_halt_poll_ns"] = polling
         results = run(args, meta, sink)

@@ -73,7 +73,7 @@ def main():
     names, metric = list(targets), None
     polling = os.environ.get("HALT_POLL_NS", str(run.KERNEL_HALT_POLL_NS))
     try:
-        with run.halt_polling(None if polling == "keep" else int(polling)):
+        with run.halt_polling(run.halt_poll_ns(polling)):
             for r in range(rounds):
                 for name in names[r % len(names):] + names[:r % len(names)]:
                     try:
