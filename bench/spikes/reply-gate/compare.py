@@ -3,7 +3,8 @@
 its header is checked, the data never leaving the driver) and directly again (the control),
 side by side, the gate's wake-ups synchronous (Linux 6.6's SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP,
 `gated`) and not (`gated-async`), and with UNCHECKED=1 a gate that lets every reply through
-unread (`gated-unchecked`, the notification's own cost): each round mounts every target afresh in a rotated order and runs bench/run.py's
+unread (`gated-unchecked`, the notification's own cost), and with POLL=1 a gate waiting in
+poll(2), where the synchronous wake-up applies (`gated-poll`): each round mounts every target afresh in a rotated order and runs bench/run.py's
 WORKLOADs once on each. At the end, per target and workload: the median of the per-round
 ratios to direct (> 1 is faster), with their min–max. Halt polling as bench/run.py sets it.
 Run as root after tests/setup.sh.
@@ -41,7 +42,8 @@ def measure(target, workload, work, q, gate):
         run.warm_backing_store("passthrough_ll", work)
     if target.startswith("gated"):
         env = dict(os.environ, GATE_SYNC="0" if target == "gated-async" else "1",
-                   GATE_CHECK="0" if target == "gated-unchecked" else "1")
+                   GATE_CHECK="0" if target == "gated-unchecked" else "1",
+                   GATE_POLL="1" if target == "gated-poll" else "0")
         proc = subprocess.Popen([gate, str(mnt)] + argv, stderr=subprocess.PIPE, text=True,
                                 env=env)
     else:
@@ -72,7 +74,8 @@ def main():
         if w in run.READS:
             run.WORKLOADS[w](work / "src", dict(q, runtime=1))
     names = ["direct", "gated", "gated-async", "again"] + (
-        ["gated-unchecked"] if os.environ.get("UNCHECKED") else [])
+        ["gated-unchecked"] if os.environ.get("UNCHECKED") else []) + (
+        ["gated-poll"] if os.environ.get("POLL") else [])
     results = {(n, w): [] for n in names for w in workloads}
     polling = os.environ.get("HALT_POLL_NS", str(run.KERNEL_HALT_POLL_NS))
     with run.halt_polling(run.halt_poll_ns(polling)):

@@ -10,7 +10,8 @@
  *   equal to MOUNTPOINT replaced by /dev/fd/F (libfuse 3 then serves F without mounting).
  *   The filter reports write(2) and writev(2) on F, and splice(2) into F. GATE_SYNC=0 leaves
  *   the listener's wake-ups asynchronous (the default before Linux 6.6); GATE_CHECK=0 lets
- *   every reply continue unread (the notification's own cost). On SIGTERM or
+ *   every reply continue unread (the notification's own cost); GATE_POLL=1 waits in poll(2)
+ *   before each receive. On SIGTERM or
  *   SIGINT, or when the driver's processes are gone, it unmounts and prints its counts.
  *
  * A spike, not rebound: no tracking, no recovery, one thread answering. */
@@ -20,6 +21,7 @@
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -157,6 +159,8 @@ int main(int argc, char **argv) {
     if (listener < 0) { fprintf(stderr, "gate: no listener\n"); return 1; }
     const char *check_env = getenv("GATE_CHECK");
     int check = !check_env || strcmp(check_env, "0");
+    const char *poll_env = getenv("GATE_POLL");
+    int wait_in_poll = poll_env && strcmp(poll_env, "0");
     const char *sync = getenv("GATE_SYNC");
     if ((!sync || strcmp(sync, "0")) && ioctl(listener, NOTIF_SET_FLAGS, NOTIF_FD_SYNC_WAKE_UP))
         perror("gate: SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP");
@@ -171,6 +175,12 @@ int main(int argc, char **argv) {
     uint64_t replies = 0, refused = 0, spliced = 0;
     while (!stop) {
         memset(req, 0, sizes.seccomp_notif);
+        if (wait_in_poll) {
+            /* The synchronous wake-up reaches a listener waiting in poll(2), not in RECV. */
+            struct pollfd p = { .fd = listener, .events = POLLIN };
+            if (poll(&p, 1, -1) < 0) continue;
+            if (p.revents & POLLHUP) break;
+        }
         if (ioctl(listener, SECCOMP_IOCTL_NOTIF_RECV, req)) {
             if (errno == EINTR) continue;
             break; /* ENOENT: every process under the filter is gone */
