@@ -412,7 +412,8 @@ def w_latency(mnt, q):
     """Latency of a single stat and of a single 4 KiB read whose page was dropped from the
     cache first (median, p99). The stat is answered by the driver when the attribute cache has
     expired, which FUSE defaults keep short. 20,000 samples of each: the p99 of 2,000 (their
-    20 slowest) differed up to 3.8x between repetitions of one target (runs of 2026-11-28)."""
+    20 slowest) differed up to 3.8x between repetitions of one target (runs of 2026-11-28); with
+    20,000 it still did, up to 4x: that spread is the host's."""
     f = Path(mnt) / "lat"
     f.write_bytes(os.urandom(1 << 20))
     stats, reads = [], []
@@ -660,12 +661,16 @@ def ratio_table(results, target):
                  if (d, workload, metric) in cell else "–" for d in drivers]
         lines.append(f"| {workload} | {metric} | " + " | ".join(cells) + " |")
     below = sum(s["ratio"][target] < GOAL for s in summary)
-    # The geometric mean weighs a row at 0.9 and one at 1.1 alike: set beside the control's,
-    # it shows a cost spread over every row that the noise of single rows hides.
+    # The geometric mean weighs a row at 0.9 and one at 1/0.9 alike: set beside the control's,
+    # it shows a cost spread over every row that the noise of single rows hides. (A ratio of
+    # 0, a target that measured nothing, leaves it out, and the line says so.)
     ratios = [s["ratio"][target] for s in summary if s["ratio"][target] > 0]
-    mean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else float("nan")
+    mean = (f"geometric mean of the rows {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}"
+            if ratios else "no geometric mean")
+    if ratios and len(ratios) < len(summary):
+        mean += f" (over the {len(ratios)} rows with a ratio above 0)"
     return ("\n".join(lines) + f"\n\n{len(summary) - below} of {len(summary)} rows ≥ {GOAL}; "
-            f"geometric mean of the rows {mean:.3f}.")
+            f"{mean}.")
 
 
 def chart(results, path):

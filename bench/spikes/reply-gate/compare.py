@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""passthrough_ll mounted directly, through gate.c (every reply held at the driver's write until
+"""passthrough_ll mounted directly, through gate.c (each reply held at the driver's write until
 its header is checked, the data never leaving the driver) and directly again (the control),
-side by side, the gate's wake-ups synchronous (Linux 6.6's SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP,
-`gated`) and not (`gated-async`), and with UNCHECKED=1 a gate that lets every reply through
-unread (`gated-unchecked`, the notification's own cost), and with POLL=1 a gate waiting in
-poll(2), where the synchronous wake-up applies (`gated-poll`): each round mounts every target afresh in a rotated order and runs bench/run.py's
-WORKLOADs once on each. At the end, per target and workload: the median of the per-round
-ratios to direct (> 1 is faster), with their min–max. Halt polling as bench/run.py sets it.
-Run as root after tests/setup.sh.
+side by side. Gated targets: `gated` (Linux 6.6's synchronous wake-ups,
+SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP), `gated-async` (without), with UNCHECKED=1
+`gated-unchecked` (every reply let through unread: the notification's own cost), and with
+POLL=1 `gated-poll` (the listener waits in poll(2) before each receive). Each round mounts
+every target afresh in a rotated order and runs bench/run.py's WORKLOADs once on each, and
+prints the gate's counts; a refused reply or a failed gate stops the run. At the end, per
+target and workload: the median of the per-round ratios to direct (> 1 is faster), with their
+min–max. Halt polling as bench/run.py sets it. Run as root after tests/setup.sh.
 
 Usage: bench/spikes/reply-gate/compare.py ROUNDS WORKLOAD..."""
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -34,6 +36,8 @@ def gate_binary(work):
 
 
 def measure(target, workload, work, q, gate):
+    """The workload's figures on a fresh mount of `target`, and for a gated one the gate's
+    counts (its last line): the measurement fails if the gate refused a reply or failed."""
     mnt = work / f"mnt-{target}"
     mnt.mkdir(exist_ok=True)
     argv = [LL, "-o", f"source={work / 'src'}", "-o", "xattr", str(mnt)]
@@ -49,16 +53,22 @@ def measure(target, workload, work, q, gate):
     else:
         subprocess.run(argv, check=True)
     try:
-        mounts.wait_for(lambda: os.path.ismount(mnt), 10)
+        if not mounts.wait_for(lambda: os.path.ismount(mnt), 10):
+            raise RuntimeError(f"{target}: not mounted after 10 s")
         run.settle(mnt)
-        return run.WORKLOADS[workload](mnt, q)
+        figures = run.WORKLOADS[workload](mnt, q)
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+        err = ""
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=10)
-            if "0 refused" not in err:
-                sys.exit(f"gate: {err.strip()}")
+    if proc is None:
+        return figures, ""
+    counts = re.search(r"gate: (\d+) replies checked, (\d+) refused, (\d+) spliced", err)
+    if proc.returncode != 0 or counts is None or int(counts[2]) != 0:
+        raise RuntimeError(f"{target}: the gate failed or refused a reply: {err.strip()}")
+    return figures, counts[0]
 
 
 def main():
@@ -82,8 +92,10 @@ def main():
         for r in range(rounds):
             for w in workloads:
                 for name in names[r % len(names):] + names[:r % len(names)]:
-                    figures = measure(name, w, work, q, gate)
+                    figures, counts = measure(name, w, work, q, gate)
                     results[(name, w)].append(figures)
+                    if counts:
+                        print(f"round {r} {w} {name}: {counts}", flush=True)
                 print(f"round {r} {w}:", {n: {k: round(v, 2) for k, v in
                                              results[(n, w)][-1].items() if k != "engine"}
                                           for n in names}, flush=True)

@@ -1,18 +1,25 @@
 /* A prototype of guarded mode with the driver on the kernel's queue: the driver reads its
- * requests from a real /dev/fuse, and every reply it writes there is stopped by a seccomp
- * user notification until this process has read and checked the reply's header in the
- * driver's memory; then the write continues (SECCOMP_USER_NOTIF_FLAG_CONTINUE) or fails with
- * EINVAL. It measures what docs/design.md's "Guarded mode's bulk I/O" proposes: the reply's
- * data never passes a second process, and each reply costs one notification round trip.
+ * requests from a real /dev/fuse, and each reply it writes there with write(2) or writev(2)
+ * is stopped by a seccomp user notification until this process has read and checked the
+ * reply's header in the driver's memory; then the write continues
+ * (SECCOMP_USER_NOTIF_FLAG_CONTINUE) or fails with EINVAL. It measures what docs/design.md's
+ * "Guarded mode's bulk I/O" proposes: the reply's data never passes a second process, and
+ * each reply costs one notification round trip. The checks (length, error range) are ones the
+ * kernel makes too: what is measured is their cost, not their worth.
+ *
+ * Not covered, as a product would have to: pwrite(2) and pwritev(2), io_uring, a dup(2) or
+ * clone_fd of the descriptor (passthrough_ll without clone_fd writes its replies with
+ * writev); a spliced reply is counted and let through unread.
  *
  * Usage: gate MOUNTPOINT DRIVER [ARG...]
  *   Opens /dev/fuse as descriptor F, mounts it on MOUNTPOINT, and runs DRIVER with every ARG
  *   equal to MOUNTPOINT replaced by /dev/fd/F (libfuse 3 then serves F without mounting).
- *   The filter reports write(2) and writev(2) on F, and splice(2) into F. GATE_SYNC=0 leaves
- *   the listener's wake-ups asynchronous (the default before Linux 6.6); GATE_CHECK=0 lets
- *   every reply continue unread (the notification's own cost); GATE_POLL=1 waits in poll(2)
- *   before each receive. On SIGTERM or
- *   SIGINT, or when the driver's processes are gone, it unmounts and prints its counts.
+ *   The filter reports write(2) and writev(2) on F, and splice(2) into F; a call of another
+ *   architecture kills the process. Unless GATE_SYNC=0, the listener asks for Linux 6.6's
+ *   synchronous wake-ups (SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP; asynchronous is the kernel's
+ *   default) and exits if the kernel refuses. GATE_CHECK=0 lets every reply continue unread
+ *   (the notification's own cost); GATE_POLL=1 waits in poll(2) before each receive instead
+ *   of only in the receive ioctl. On SIGTERM or SIGINT it unmounts and prints its counts.
  *
  * A spike, not rebound: no tracking, no recovery, one thread answering. */
 #define _GNU_SOURCE
@@ -52,7 +59,7 @@ static int install_filter(int fuse_fd) {
     struct sock_filter f[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_write, 3, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_writev, 2, 0),
@@ -93,6 +100,7 @@ static int recv_fd(int sock) {
                           .msg_controllen = sizeof cbuf };
     if (recvmsg(sock, &msg, 0) != 1) return -1;
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    if (!c || c->cmsg_type != SCM_RIGHTS) return -1;
     int fd;
     memcpy(&fd, CMSG_DATA(c), sizeof fd);
     return fd;
@@ -108,11 +116,12 @@ static int read_reply(pid_t pid, const struct seccomp_data *d, struct out_header
         *total = d->args[2];
     } else { /* writev: the header leads the first element (libfuse, go-fuse, fuser) */
         struct iovec iov[16];
-        size_t n = d->args[2] < 16 ? d->args[2] : 16;
+        if (d->args[2] == 0 || d->args[2] > 16) return -1;
+        size_t n = d->args[2];
         struct iovec li = { iov, n * sizeof iov[0] };
         struct iovec ri = { (void *)d->args[1], n * sizeof iov[0] };
         if (process_vm_readv(pid, &li, 1, &ri, 1, 0) != (ssize_t)(n * sizeof iov[0])) return -1;
-        if (d->args[2] > 16 || iov[0].iov_len < sizeof *h) return -1;
+        if (iov[0].iov_len < sizeof *h) return -1;
         *total = 0;
         for (size_t i = 0; i < n; i++) *total += iov[i].iov_len;
         remote = iov[0];
@@ -139,8 +148,9 @@ int main(int argc, char **argv) {
     }
     snprintf(fdpath, sizeof fdpath, "/dev/fd/%d", fuse_fd);
     int sv[2];
-    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv);
-    pid_t child = fork();
+    pid_t child = -1;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0) child = fork();
+    if (child < 0) { perror("gate: socketpair or fork"); umount2(mnt, MNT_DETACH); return 1; }
     if (child == 0) {
         close(sv[0]);
         int listener = install_filter(fuse_fd);
@@ -156,27 +166,38 @@ int main(int argc, char **argv) {
     close(sv[1]);
     close(fuse_fd);
     int listener = recv_fd(sv[0]);
-    if (listener < 0) { fprintf(stderr, "gate: no listener\n"); return 1; }
+    if (listener < 0) {
+        fprintf(stderr, "gate: no listener\n");
+        umount2(mnt, MNT_DETACH);
+        return 1;
+    }
     const char *check_env = getenv("GATE_CHECK");
     int check = !check_env || strcmp(check_env, "0");
     const char *poll_env = getenv("GATE_POLL");
     int wait_in_poll = poll_env && strcmp(poll_env, "0");
     const char *sync = getenv("GATE_SYNC");
-    if ((!sync || strcmp(sync, "0")) && ioctl(listener, NOTIF_SET_FLAGS, NOTIF_FD_SYNC_WAKE_UP))
+    if ((!sync || strcmp(sync, "0")) && ioctl(listener, NOTIF_SET_FLAGS, NOTIF_FD_SYNC_WAKE_UP)) {
         perror("gate: SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP");
+        umount2(mnt, MNT_DETACH);
+        kill(child, SIGKILL);
+        return 1;
+    }
     struct sigaction sa = { .sa_handler = on_signal };
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
 
     struct seccomp_notif_sizes sizes;
-    syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &sizes);
+    if (syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &sizes)) {
+        perror("gate: SECCOMP_GET_NOTIF_SIZES");
+        return 1;
+    }
     struct seccomp_notif *req = calloc(1, sizes.seccomp_notif > sizeof *req ? sizes.seccomp_notif : sizeof *req);
     struct seccomp_notif_resp *resp = calloc(1, sizes.seccomp_notif_resp > sizeof *resp ? sizes.seccomp_notif_resp : sizeof *resp);
     uint64_t replies = 0, refused = 0, spliced = 0;
     while (!stop) {
         memset(req, 0, sizes.seccomp_notif);
         if (wait_in_poll) {
-            /* The synchronous wake-up reaches a listener waiting in poll(2), not in RECV. */
+            /* The other way to wait: poll(2) first, then the receive ioctl. */
             struct pollfd p = { .fd = listener, .events = POLLIN };
             if (poll(&p, 1, -1) < 0) continue;
             if (p.revents & POLLHUP) break;
