@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Fast mode's first failure under writers: each trial mounts passthrough_ll under rebound in
+fast mode, runs three threads writing 400 KiB files (50 names, rewritten), and after a random
+0.05-0.4 s sends the serving driver SIGKILL, SIGABRT or SIGSEGV; 0.3 s later the writers stop.
+Prints the write errors (trial, write, errno), keeps rebound's log of each trial that had one
+in /tmp/fast-takeover-TRIAL.log (RUST_LOG=debug for more), and traces the FUSE requests the
+kernel ended with an error (tracefs, fuse:fuse_request_end). Run as root after tests/setup.sh.
+
+Usage: RUST_LOG=debug bench/spikes/fast-takeover-writes.py TRIALS
+First use, 2026-11-28: 2 failed writes in 120 trials, both EBADF from the successor on a WRITE
+in flight at the failure (its handle reopened without write access, or not at all)."""
+import os, random, signal, sys, threading, time, subprocess
+from pathlib import Path
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "e2e"))
+os.environ.setdefault("REBOUND_BIN", str(REPO / "target/release/rebound"))
+import mounts
+
+TR = Path("/sys/kernel/tracing")
+trials = int(sys.argv[1])
+(TR / "events/fuse/fuse_request_end/filter").write_text("error != 0\n")
+(TR / "events/fuse/fuse_request_end/enable").write_text("1\n")
+(TR / "trace").write_text("")
+(TR / "tracing_on").write_text("1\n")
+errors = []
+data = os.urandom(400 << 10)
+try:
+    for t in range(trials):
+        work = mounts.new_workdir("fast-takeover")
+        m = mounts.Mount("passthrough_ll", "rebound", work, config='mode = "fast"\n')
+        m.prepare(64 << 20)
+        m.start()
+        mounts.wait_for(lambda: mounts.rebound_ready(m.mnt), 10)
+        st = mounts.mount_status(m.mnt)
+        pid = st["driver_pid"]
+        stop = threading.Event()
+        def writer():
+            i = 0
+            while not stop.is_set():
+                p = Path(m.mnt) / f"f{i % 50}"
+                try:
+                    with open(p, "wb") as f:
+                        f.write(data)
+                except OSError as e:
+                    errors.append((t, i, e.errno))
+                i += 1
+        ws = [threading.Thread(target=writer) for _ in range(3)]
+        for w in ws: w.start()
+        time.sleep(random.uniform(0.05, 0.4))
+        os.kill(pid, random.choice([signal.SIGKILL, signal.SIGABRT, signal.SIGSEGV]))
+        time.sleep(0.3)
+        stop.set()
+        for w in ws: w.join()
+        m.stop()
+        if any(e[0] == t for e in errors):
+            Path(f"/tmp/fast-takeover-{t}.log").write_text(m.output())
+        mounts.remove_workdir(work)
+        print(t, "errors so far", len(errors), flush=True)
+finally:
+    (TR / "events/fuse/fuse_request_end/enable").write_text("0\n")
+    (TR / "tracing_on").write_text("0\n")
+print("errors", errors)
+print((TR / "trace").read_text()[-3000:])
