@@ -271,6 +271,14 @@ pub struct ObjectTable {
     by_driver: HashMap<u64, u64>,
     /// Keyed by the kernel's `(fh, is_dir)`.
     handles: HashMap<(u64, bool), Handle>,
+    /// Whether the kernel holds the driver's own handles, as it does while the first driver
+    /// serves the kernel's queue (fast mode): a reply cannot be given another handle then.
+    kernel_holds_driver_handles: bool,
+    /// Handles the driver gave again while the kernel's release of an earlier use was still to
+    /// be seen (fast mode sees a request when it ends, and a driver may close a handle, reuse
+    /// its value and answer the open before it answers the release): the nodes of the earlier
+    /// uses whose releases are still to come. Such a release leaves the handle as it is.
+    reissued: HashMap<(u64, bool), Vec<u64>>,
     /// The lock requests (SETLK/SETLKW, in the kernel's ids) that succeeded on each file
     /// handle and still hold, oldest first: taken again in a restarted driver.
     locks: HashMap<u64, Vec<Arc<[u8]>>>,
@@ -288,6 +296,8 @@ impl Default for ObjectTable {
             names: NameIndex::default(),
             by_driver: HashMap::new(),
             handles: HashMap::new(),
+            kernel_holds_driver_handles: false,
+            reissued: HashMap::new(),
             locks: HashMap::new(),
             next_fresh: FRESH_IDS,
             generation: 0,
@@ -443,13 +453,31 @@ impl ObjectTable {
         self.locks.get(&fh).cloned().unwrap_or_default()
     }
 
-    /// The kernel closes handle `fh`. Returns the driver's handle to release.
-    pub fn release(&mut self, fh: u64, dir: bool) -> ToDriver {
+    /// Whether the kernel holds the driver's own handles (see `kernel_holds_driver_handles`):
+    /// true while fast mode observes the first driver, false once the proxy takes over.
+    pub fn set_kernel_holds_driver_handles(&mut self, holds: bool) {
+        self.kernel_holds_driver_handles = holds;
+    }
+
+    /// The kernel closes handle `fh`, which it had opened on `node`. Returns the driver's
+    /// handle to release, or `Lost` when there is none to close: the release is of an earlier
+    /// use of a value the driver gave again (see `reissued`), and the handle stays.
+    pub fn release(&mut self, fh: u64, dir: bool, node: u64) -> ToDriver {
+        let key = (fh, dir);
+        if let Some(earlier) = self.reissued.get_mut(&key) {
+            if let Some(at) = earlier.iter().position(|&n| n == node) {
+                earlier.remove(at);
+                if earlier.is_empty() {
+                    self.reissued.remove(&key);
+                }
+                return ToDriver::Lost;
+            }
+        }
         self.note(&journal::Record::Release { fh, dir });
         if !dir {
             self.locks.remove(&fh);
         }
-        match self.handles.remove(&(fh, dir)) {
+        match self.handles.remove(&key) {
             Some(Handle {
                 driver: Some(driver),
                 ..
@@ -691,6 +719,24 @@ impl ObjectTable {
 
     /// The kernel opened the driver's handle `driver` on `node`; returns the kernel's fh.
     fn opened(&mut self, driver: u64, dir: bool, node: u64, flags: u32) -> u64 {
+        if self.kernel_holds_driver_handles {
+            // The kernel has `driver` as its fh. A handle it still holds under that value (its
+            // release not yet seen, or a driver that answers one value to every open) is
+            // noted, so that its release does not end this one.
+            if let Some(earlier) = self.handles.get(&(driver, dir)) {
+                let node = earlier.node;
+                self.reissued.entry((driver, dir)).or_default().push(node);
+            }
+            self.handles.insert(
+                (driver, dir),
+                Handle {
+                    node,
+                    flags,
+                    driver: Some(driver),
+                },
+            );
+            return driver;
+        }
         // Drivers may hand out one value for many handles (some answer 0 to every open): the
         // kernel gets a distinct one for each.
         let fh = if self.handles.contains_key(&(driver, dir)) {

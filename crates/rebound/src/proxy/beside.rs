@@ -298,7 +298,8 @@ fn observed_request(shared: &Shared, request: &[u8], reply: &mut [u8], cut: bool
         );
     }
     if let Some((fh, dir)) = info.release {
-        let _ = shared.objects().release(fh, dir);
+        let node = read_u64(request, NODEID_AT).unwrap_or(0);
+        let _ = shared.objects().release(fh, dir, node);
     }
     if header.error != 0 {
         return;
@@ -400,6 +401,8 @@ pub(super) fn take_over(shared: &Arc<Shared>) -> std::io::Result<bool> {
             *link = Link::Recovering { attached: None };
         }
     }
+    // From now on the proxy rewrites what the kernel is given.
+    shared.objects().set_kernel_holds_driver_handles(false);
     // Back in the queue, with FUSE_UNIQUE_RESEND set in their unique: the requests the dead
     // driver had read and not answered.
     match super::resend_requests(shared) {

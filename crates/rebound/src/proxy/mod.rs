@@ -478,6 +478,7 @@ impl Proxy {
                 shared.beside = Some(beside);
             },
         )?;
+        proxy.shared.objects().set_kernel_holds_driver_handles(true);
         beside::spawn_observation(&proxy.shared)?;
         proxy.stats.beside.store(true, Ordering::Relaxed);
         Ok(proxy)

@@ -122,11 +122,13 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
         recovery::prime_reopened_directory(shared, msg, &info.fields, &info.change);
     }
     // RELEASE lets go of the handle at once, whatever the driver answers.
+    let node = read_u64(msg, NODEID_AT).unwrap_or(0);
     let released = info
         .release
-        .map(|(fh, dir)| shared.objects().release(fh, dir));
+        .map(|(fh, dir)| shared.objects().release(fh, dir, node));
     if released == Some(ToDriver::Lost) {
-        // The handle died with an earlier driver; there is nothing left to close.
+        // The handle died with an earlier driver, or this releases an earlier use of a value
+        // the driver gave again: there is nothing left to close.
         return answer_ok(shared, unique, queue);
     }
 

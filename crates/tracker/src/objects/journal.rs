@@ -110,7 +110,8 @@ impl ObjectTable {
                     let _ = self.forget(node, count);
                 }
                 Record::Release { fh, dir } => {
-                    let _ = self.release(fh, dir);
+                    let node = self.handles.get(&(fh, dir)).map_or(0, |h| h.node);
+                    let _ = self.release(fh, dir, node);
                 }
                 Record::Locked { fh, request } => self.locked(fh, Arc::from(request)),
             }
@@ -165,7 +166,7 @@ mod tests {
         let fh2 = open(&mut table, c, 0);
         let fh3 = open(&mut table, c, 0);
         let _ = table.forget(b, 1);
-        let _ = table.release(fh, false);
+        let _ = table.release(fh, false, b);
         let _ = lookup(&mut table, a, b"c", 10);
         let _ = table.forget(c, 1);
         let records = table.take_journal();

@@ -252,8 +252,44 @@ fn a_reused_driver_handle_gets_distinct_kernel_handles() {
     assert_ne!(a, b);
     assert_eq!(t.handle_to_driver(b, false), ToDriver::Mapped(0));
     assert_eq!(t.handle_count(), 2);
-    assert_eq!(t.release(b, false), ToDriver::Mapped(0));
+    assert_eq!(t.release(b, false, 6), ToDriver::Mapped(0));
     assert_eq!(t.handle_count(), 1);
+}
+
+#[test]
+fn in_fast_mode_a_reused_handle_outlives_the_late_release_of_its_earlier_use() {
+    // The driver closes fd 70 (node 5's), opens node 6 on it again, and answers the open
+    // before the release: fast mode sees them in that order, with the kernel holding 70.
+    let mut t = ObjectTable::new();
+    t.set_kernel_holds_driver_handles(true);
+    assert_eq!(opened(&mut t, 5, 70), 70);
+    assert_eq!(opened(&mut t, 6, 70), 70, "the kernel's fh is the driver's");
+    assert_eq!(
+        t.release(70, false, 5),
+        ToDriver::Lost,
+        "node 5's: nothing left to close"
+    );
+    assert_eq!(
+        t.handle_to_driver(70, false),
+        ToDriver::Mapped(70),
+        "node 6's stays"
+    );
+    assert_eq!(t.handles.get(&(70, false)).map(|h| h.node), Some(6));
+    assert_eq!(t.release(70, false, 6), ToDriver::Mapped(70));
+    assert_eq!(t.handle_count(), 0);
+}
+
+#[test]
+fn in_fast_mode_one_value_for_two_handles_of_a_node_takes_two_releases() {
+    let mut t = ObjectTable::new();
+    t.set_kernel_holds_driver_handles(true);
+    opened(&mut t, 5, 0);
+    opened(&mut t, 5, 0);
+    assert_eq!(t.release(0, false, 5), ToDriver::Lost);
+    assert_eq!(t.handle_count(), 1, "one use is still open");
+    assert_eq!(t.release(0, false, 5), ToDriver::Mapped(0));
+    assert_eq!(t.handle_count(), 0);
+    assert_eq!(t.release(0, false, 5), ToDriver::Unknown);
 }
 
 fn lock_request(owner: u64, start: u64, end: u64, typ: u32, flock: bool) -> Arc<[u8]> {
@@ -292,7 +328,7 @@ fn only_locks_that_still_hold_are_kept() {
     t.locked(7, lock_request(1, 0, 0, un, true));
     assert!(t.locks_of(7).is_empty());
     t.locked(7, posix);
-    t.release(7, false);
+    t.release(7, false, 0);
     assert!(
         t.locks_of(7).is_empty(),
         "closing the handle ends its locks"
