@@ -8,8 +8,10 @@
 //! RELEASE take effect when the kernel sends them, since the kernel has let go either way.
 //!
 //! Ids: the table is keyed by the ids the kernel holds, which never change. A driver's ids are
-//! its own: the first driver's are the kernel's (until they collide), a restarted driver's
-//! are whatever its lookups and opens return. Every request is translated kernel to driver
+//! its own: the first driver's are the kernel's (until they collide, which in guarded mode
+//! gives the kernel a fresh id; in fast mode the kernel holds the driver's value, so a handle
+//! value given again is noted instead), a restarted driver's are whatever its lookups and
+//! opens return. Every request is translated kernel to driver
 //! and every reply driver to kernel through this table.
 //!
 //! Memory: one entry per node the kernel remembers and per open handle, each with one name;
@@ -460,9 +462,11 @@ impl ObjectTable {
     }
 
     /// The kernel closes handle `fh`, which it had opened on `node`. Returns the driver's
-    /// handle to release, or `Lost` when there is none to close: the release is of an earlier
-    /// use of a value the driver gave again (see `reissued`), and the handle stays.
+    /// handle to release, or `Lost` when there is none to close: the handle did not survive a
+    /// restart, or the release is of an earlier use of a value the driver gave again (see
+    /// `reissued`), and the handle open under it stays.
     pub fn release(&mut self, fh: u64, dir: bool, node: u64) -> ToDriver {
+        self.note(&journal::Record::ReleaseOf { fh, dir, node });
         let key = (fh, dir);
         if let Some(earlier) = self.reissued.get_mut(&key) {
             if let Some(at) = earlier.iter().position(|&n| n == node) {
@@ -473,7 +477,6 @@ impl ObjectTable {
                 return ToDriver::Lost;
             }
         }
-        self.note(&journal::Record::Release { fh, dir });
         if !dir {
             self.locks.remove(&fh);
         }
@@ -726,6 +729,10 @@ impl ObjectTable {
             if let Some(earlier) = self.handles.get(&(driver, dir)) {
                 let node = earlier.node;
                 self.reissued.entry((driver, dir)).or_default().push(node);
+                if !dir {
+                    // The earlier use's locks ended when the driver closed it.
+                    self.locks.remove(&driver);
+                }
             }
             self.handles.insert(
                 (driver, dir),
@@ -739,8 +746,11 @@ impl ObjectTable {
         }
         // Drivers may hand out one value for many handles (some answer 0 to every open): the
         // kernel gets a distinct one for each.
-        let fh = if self.handles.contains_key(&(driver, dir)) {
-            self.fresh_id(|t, id| t.handles.contains_key(&(id, dir)))
+        let taken = |t: &Self, id: u64| {
+            t.handles.contains_key(&(id, dir)) || t.reissued.contains_key(&(id, dir))
+        };
+        let fh = if taken(self, driver) {
+            self.fresh_id(taken)
         } else {
             driver
         };

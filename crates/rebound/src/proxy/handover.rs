@@ -188,7 +188,10 @@ impl Proxy {
             shared.generations = state.generations.into();
             shared.store_changed = state.store_changed.into();
             if let Some(dir) = &state.observer_pins {
+                // What the dead rebound's observer saw: the kernel held the driver's handles.
+                shared.objects().set_kernel_holds_driver_handles(true);
                 super::beside::replay_pinned(shared, dir);
+                shared.objects().set_kernel_holds_driver_handles(false);
             }
         })?;
         proxy.driver_failed();

@@ -38,6 +38,13 @@ pub(super) enum Record {
         fh: u64,
         request: Vec<u8>,
     },
+    /// A release of handle `fh` the kernel had opened on `node` (appended after the others,
+    /// so that older journals read on).
+    ReleaseOf {
+        fh: u64,
+        dir: bool,
+        node: u64,
+    },
 }
 
 /// Records that cannot be read back (not written by this journal, or cut short).
@@ -91,8 +98,11 @@ impl ObjectTable {
     /// Applies the records in `bytes` (see [`ObjectTable::take_journal`]) in order. Returns
     /// how many there were.
     pub fn replay(&mut self, mut bytes: &[u8]) -> Result<usize, JournalError> {
-        // Not noted again while replayed.
+        // Not noted again while replayed. The records hold the kernel's ids, which stand for
+        // the driver's too (see `take_kernel_ids_as_drivers`): a value open twice is the
+        // kernel's twice, never given a fresh id.
         let journal = self.journal.take();
+        let holds = std::mem::replace(&mut self.kernel_holds_driver_handles, true);
         let mut replayed = 0;
         let result = loop {
             if bytes.is_empty() {
@@ -109,21 +119,26 @@ impl ObjectTable {
                 Record::Forget { node, count } => {
                     let _ = self.forget(node, count);
                 }
+                // (Written by rebound before 2026-11-28: the node of the handle open then.)
                 Record::Release { fh, dir } => {
                     let node = self.handles.get(&(fh, dir)).map_or(0, |h| h.node);
+                    let _ = self.release(fh, dir, node);
+                }
+                Record::ReleaseOf { fh, dir, node } => {
                     let _ = self.release(fh, dir, node);
                 }
                 Record::Locked { fh, request } => self.locked(fh, Arc::from(request)),
             }
         };
         self.journal = journal;
+        self.kernel_holds_driver_handles = holds;
         result
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{looked_up as lookup, opened as open};
+    use super::super::tests::{lock_request, looked_up as lookup, opened as open};
     use super::*;
 
     /// What the kernel holds, in order: nodes with lookups and names, handles, locks.
@@ -143,6 +158,32 @@ mod tests {
         let mut locks: Vec<_> = table.locks.iter().map(|(k, v)| (*k, v.len())).collect();
         locks.sort();
         format!("{nodes:?} {handles:?} {locks:?}")
+    }
+
+    #[test]
+    fn fast_modes_reused_handle_replays_as_it_was_seen() {
+        // Observed in fast mode: the driver reused fh 70 for node b before the release of
+        // node a's use of it was seen, with a lock on the earlier use.
+        let mut table = ObjectTable::new();
+        table.set_kernel_holds_driver_handles(true);
+        table.keep_journal();
+        let a = lookup(&mut table, 1, b"a", 10);
+        let b = lookup(&mut table, 1, b"b", 11);
+        open(&mut table, a, 70);
+        table.locked(70, lock_request(1, 0, 0, 1, true));
+        assert_eq!(table.locks_of(70).len(), 1);
+        open(&mut table, b, 70);
+        assert!(
+            table.locks_of(70).is_empty(),
+            "the earlier use's lock ended with it"
+        );
+        let _ = table.release(70, false, a);
+        let records = table.take_journal();
+
+        let mut successor = ObjectTable::new();
+        successor.replay(&records).unwrap();
+        assert_eq!(kernel_side(&successor), kernel_side(&table));
+        assert_eq!(successor.handles.get(&(70, false)).map(|h| h.node), Some(b));
     }
 
     #[test]

@@ -292,7 +292,7 @@ fn in_fast_mode_one_value_for_two_handles_of_a_node_takes_two_releases() {
     assert_eq!(t.release(0, false, 5), ToDriver::Unknown);
 }
 
-fn lock_request(owner: u64, start: u64, end: u64, typ: u32, flock: bool) -> Arc<[u8]> {
+pub(super) fn lock_request(owner: u64, start: u64, end: u64, typ: u32, flock: bool) -> Arc<[u8]> {
     let mut msg = vec![0u8; size::IN_HEADER];
     for field in [7u64, owner, start, end] {
         msg.extend_from_slice(&field.to_ne_bytes());
