@@ -297,8 +297,7 @@ fn observed_request(shared: &Shared, request: &[u8], reply: &mut [u8], cut: bool
              restart of the driver"
         );
     }
-    if let Some((fh, dir)) = info.release {
-        let node = read_u64(request, NODEID_AT).unwrap_or(0);
+    if let Some((fh, dir, node)) = info.release {
         let _ = shared.objects().release(fh, dir, node);
     }
     if header.error != 0 {

@@ -63,8 +63,8 @@ pub(super) struct RequestInfo {
     pub(super) shape: ReplyShape,
     pub(super) change: PendingChange,
     pub(super) fields: fuse_wire::ids::IdFields,
-    /// RELEASE/RELEASEDIR: the handle and whether it is a directory's.
-    pub(super) release: Option<(u64, bool)>,
+    /// RELEASE/RELEASEDIR: the handle, whether it is a directory's, and the node it is on.
+    pub(super) release: Option<(u64, bool, u64)>,
 }
 
 impl RequestInfo {
@@ -72,7 +72,7 @@ impl RequestInfo {
         let req = Request::parse(msg)?;
         let change = req.change();
         let release = match change {
-            fuse_wire::Change::Release { fh, dir, .. } => Some((fh, dir)),
+            fuse_wire::Change::Release { fh, dir, node } => Some((fh, dir, node)),
             _ => None,
         };
         Ok(RequestInfo {
@@ -115,17 +115,16 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
         }
         _ => {}
     }
-    if let Some((fh, true)) = info.release {
+    if let Some((fh, true, _)) = info.release {
         recovery::forget_unprimed(shared, fh);
     }
     if matches!(info.opcode, Some(Opcode::Readdir | Opcode::Readdirplus)) {
         recovery::prime_reopened_directory(shared, msg, &info.fields, &info.change);
     }
     // RELEASE lets go of the handle at once, whatever the driver answers.
-    let node = read_u64(msg, NODEID_AT).unwrap_or(0);
     let released = info
         .release
-        .map(|(fh, dir)| shared.objects().release(fh, dir, node));
+        .map(|(fh, dir, node)| shared.objects().release(fh, dir, node));
     if released == Some(ToDriver::Lost) {
         // The handle died with an earlier driver, or this releases an earlier use of a value
         // the driver gave again: there is nothing left to close.
