@@ -93,6 +93,10 @@ pub struct Config {
     /// if rebound itself dies (SIGKILL, a crash), a successor takes the mount over and
     /// applications see no error (guarded mode; see `keeper`).
     pub keeper: bool,
+    /// In fast mode, raise the host's `fs.pipe-max-size` to what libfuse 3 needs to read
+    /// requests by splice (see `host`), so that a driver's death cannot fail a request it
+    /// was copying.
+    pub raise_pipe_max_size: bool,
 }
 
 /// `[metrics]`: where the mount's metrics are exposed, in Prometheus' text format.
@@ -315,6 +319,7 @@ impl Default for Config {
             limits: Limits::default(),
             metrics: MetricsConfig::default(),
             keeper: true,
+            raise_pipe_max_size: true,
         }
     }
 }

@@ -7,6 +7,7 @@ mod cgroup;
 mod checkpoint;
 mod config;
 mod control;
+mod host;
 mod inject;
 mod keeper;
 mod logging;

@@ -2,7 +2,10 @@
 //!
 //! The filter hands `mount(2)`, `umount2(2)`, `ioctl(FUSE_DEV_IOC_CLONE)` and offset-less
 //! `splice(2)` of the driver's whole process tree to rebound, which performs them itself (or
-//! lets them continue) and answers in the driver's place. `fsopen(2)` fails with
+//! lets them continue) and answers in the driver's place. A driver on rebound's channel may
+//! not make a pipe larger than 1 MiB (`EPERM`, as the host's default limit answers it): libfuse
+//! 3 then reads the channel with `read(2)`, where a splice would be a copy more and a report
+//! to rebound per request. `fsopen(2)` fails with
 //! `ENOSYS` so that libraries fall back to `mount(2)`, and the system calls of a deny list
 //! (chosen by the caller) go to rebound too, which fails them with `EPERM` and says which
 //! setting would allow them (a denied call is rare: the round trip costs nothing that
@@ -115,6 +118,13 @@ const PROCESSES_LEN: usize = 21;
 const OWN_PID_AT: usize = 17;
 /// Instructions of the interception part, after that.
 const INTERCEPTION_LEN: usize = 15;
+/// Instructions of the part bounding pipes, before the interception.
+const PIPES_LEN: usize = 5;
+/// `F_SETPIPE_SZ`.
+const F_SETPIPE_SZ: u32 = 1031;
+/// The largest pipe a driver on rebound's channel may make: the host's default
+/// `fs.pipe-max-size`, below the 1 MiB and a page libfuse 3 asks for to splice its reads.
+pub const CHANNEL_PIPE_MAX: u32 = 1 << 20;
 
 /// System calls whose first argument is a process (or thread) id, 0 meaning the caller.
 const ON_A_PROCESS: [i64; 11] = [
@@ -146,7 +156,7 @@ pub fn is_on_processes(nr: i64) -> bool {
 
 impl Returns {
     fn for_denied(denied: usize) -> Returns {
-        let allow = 4 + denied + PROCESSES_LEN + INTERCEPTION_LEN;
+        let allow = 4 + denied + PROCESSES_LEN + PIPES_LEN + INTERCEPTION_LEN;
         Returns {
             allow,
             notify: allow + 1,
@@ -157,12 +167,13 @@ impl Returns {
 }
 
 /// The BPF program: foreign ABIs fail with `ENOSYS`, each of `denied` is reported (to be
-/// failed with `EPERM`), then the interception (see the module comment), and everything else
-/// is allowed.
-fn program(denied: &[u32], splice: bool) -> Vec<libc::sock_filter> {
+/// failed with `EPERM`), then calls on other processes, with `channel` the bound on pipes,
+/// then the interception (see the module comment), and everything else is allowed.
+fn program(denied: &[u32], channel: bool) -> Vec<libc::sock_filter> {
     const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
     const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
     const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+    const JGT_K: u16 = (libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K) as u16;
     const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
     // Offsets in struct seccomp_data: nr, arch, then args[i] at 16 + 8 i (low word first).
     const NR: u32 = 0;
@@ -221,12 +232,25 @@ fn program(denied: &[u32], splice: bool) -> Vec<libc::sock_filter> {
     }
     debug_assert_eq!(prog.len(), at + PROCESSES_LEN);
     debug_assert_eq!(first_arg + 2, at + OWN_PID_AT);
-    // No system call has this number: without `splice`, the splice test never matches.
-    let splice_nr = if splice {
-        libc::SYS_splice as u32
-    } else {
-        u32::MAX
-    };
+    // No system call has this number: without `channel`, the tests on it never match.
+    let on_channel = |nr: i64| if channel { nr as u32 } else { u32::MAX };
+    // fcntl(fd, F_SETPIPE_SZ, size): `cmd` and `size` are 32-bit (`pipe_fcntl`).
+    let at = prog.len();
+    prog.extend_from_slice(&[
+        /* +0 */ jump(JEQ_K, on_channel(libc::SYS_fcntl), 0, 4), // not fcntl -> +5
+        /* +1 */ stmt(LD_W_ABS, arg_low(1)),
+        /* +2 */ jump(JEQ_K, F_SETPIPE_SZ, 0, rel(at + 2, to.allow)),
+        /* +3 */ stmt(LD_W_ABS, arg_low(2)),
+        /* +4 */
+        jump(
+            JGT_K,
+            CHANNEL_PIPE_MAX,
+            rel(at + 4, to.eperm),
+            rel(at + 4, to.allow),
+        ),
+    ]);
+    debug_assert_eq!(prog.len(), at + PIPES_LEN);
+    let splice_nr = on_channel(libc::SYS_splice);
     // The interception: offsets below are relative, and the part sits just before the
     // returns, so they are the same whatever the length of the deny list.
     prog.extend_from_slice(&[
@@ -271,15 +295,15 @@ pub struct Filter {
 
 impl Filter {
     /// The interception filter, which also reports each system call of `denied` (for the
-    /// listener to fail with `EPERM`), and with `splice` the splices that may involve the
-    /// channel (a driver that holds a real `/dev/fuse`, beside rebound's path, has none).
-    /// Fails when `denied` is longer than [`MAX_DENIED`].
-    pub fn new(denied: &[u32], splice: bool) -> io::Result<Filter> {
+    /// listener to fail with `EPERM`), and with `channel` (the driver will read rebound's
+    /// channel, not a `/dev/fuse` of its own) the splices that may involve the channel and the
+    /// bound on pipes. Fails when `denied` is longer than [`MAX_DENIED`].
+    pub fn new(denied: &[u32], channel: bool) -> io::Result<Filter> {
         if denied.len() > MAX_DENIED {
             return Err(io::Error::other("too many system calls to deny"));
         }
         Ok(Filter {
-            program: program(denied, splice),
+            program: program(denied, channel),
         })
     }
 
@@ -324,7 +348,7 @@ impl Filter {
 impl Filter {
     /// Allows the process `pid`'s calls on itself by its pid.
     fn own_pid(&mut self, pid: u32) {
-        let at = self.program.len() - 4 - INTERCEPTION_LEN - PROCESSES_LEN + OWN_PID_AT;
+        let at = self.program.len() - 4 - INTERCEPTION_LEN - PIPES_LEN - PROCESSES_LEN + OWN_PID_AT;
         self.program[at].k = pid;
     }
 }
@@ -413,6 +437,7 @@ mod tests {
     const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
     const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
     const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+    const JGT_K: u16 = (libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K) as u16;
     const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
 
     /// Runs `prog` on one system call as the kernel would, and returns its action.
@@ -436,6 +461,7 @@ mod tests {
                 }
                 JEQ_K => pc += 1 + if a == ins.k { jt } else { jf },
                 JGE_K => pc += 1 + if a >= ins.k { jt } else { jf },
+                JGT_K => pc += 1 + if a > ins.k { jt } else { jf },
                 RET_K => return ins.k,
                 other => panic!("unexpected instruction {other:#x} at {pc}"),
             }
@@ -482,6 +508,17 @@ mod tests {
                 call(libc::SYS_splice, [3, 0, 4, 0x7000 << 32, 4096, 0]),
                 allow
             );
+            // Pipes: libfuse 3's (1 MiB and a page) is refused, smaller ones are not.
+            let setpipe = |size: i64| call(libc::SYS_fcntl, [5, 1031, size, 0, 0, 0]);
+            assert_eq!(setpipe(1_052_672), eperm);
+            assert_eq!(setpipe(2 << 20), eperm);
+            assert_eq!(setpipe(1 << 20), allow);
+            assert_eq!(setpipe(64 << 10), allow);
+            assert_eq!(call(libc::SYS_fcntl, [5, 1032, 0, 0, 0, 0]), allow); // F_GETPIPE_SZ
+            assert_eq!(
+                call(libc::SYS_fcntl, [5, 1031 + (1 << 32), 2 << 20, 0, 0, 0]),
+                eperm
+            );
             // Other processes.
             assert_eq!(call(libc::SYS_kill, [0, 9, 0, 0, 0, 0]), allow);
             assert_eq!(call(libc::SYS_kill, [-1, 9, 0, 0, 0, 0]), eperm);
@@ -498,6 +535,12 @@ mod tests {
                 assert_eq!(call(nr, none), notify, "{nr}");
             }
         }
+        // A driver with a `/dev/fuse` of its own splices and makes its pipes untouched.
+        let beside = Filter::new(&[], false).unwrap();
+        let call = |nr: i64, args: [i64; 6]| run(&beside.program, AUDIT_ARCH, nr, args);
+        assert_eq!(call(libc::SYS_splice, [3, 0, 4, 0, 4096, 0]), allow);
+        assert_eq!(call(libc::SYS_fcntl, [5, 1031, 2 << 20, 0, 0, 0]), allow);
+        assert_eq!(call(libc::SYS_mount, [0; 6]), notify);
         assert!(Filter::new(&longest[..MAX_DENIED], true).is_ok());
         assert!(Filter::new(&[0; MAX_DENIED + 1], true).is_err());
     }

@@ -23,15 +23,16 @@ use crate::sandbox::Sandbox;
 use crate::seccomp;
 
 /// Spawns `command` confined by `sandbox` and under the interception filter, which also denies
-/// the system calls `denied` with `EPERM`. Returns the child and the filter's notification
+/// the system calls `denied` with `EPERM`, for a driver that will read rebound's channel if
+/// `channel` (see [`seccomp::Filter::new`]). Returns the child and the filter's notification
 /// listener.
 pub fn spawn_intercepted(
     command: &mut Command,
     sandbox: &Sandbox,
     denied: &[u32],
-    splice: bool,
+    channel: bool,
 ) -> io::Result<(Child, OwnedFd)> {
-    let (ours, theirs) = prepare(command, sandbox, (denied, splice), None)?;
+    let (ours, theirs) = prepare(command, sandbox, (denied, channel), None)?;
     let child = command.spawn();
     // Closed as soon as the child has exec'd or died: a child that dies before it sends its
     // listener then reads as end of file below instead of a wait that never ends.
@@ -88,11 +89,11 @@ pub fn spawn_gated(
 fn prepare(
     command: &mut Command,
     sandbox: &Sandbox,
-    (denied, splice): (&[u32], bool),
+    (denied, channel): (&[u32], bool),
     gate: Option<(RawFd, RawFd)>,
 ) -> io::Result<(OwnedFd, OwnedFd)> {
     // Both are prepared here: the child allocates nothing.
-    let mut filter = seccomp::Filter::new(denied, splice)?;
+    let mut filter = seccomp::Filter::new(denied, channel)?;
     let sandbox = sandbox.clone();
     let (ours, theirs) = socketpair(
         AddressFamily::UNIX,
