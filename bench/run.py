@@ -96,6 +96,21 @@ def halt_polling(ns):
         HALT_POLL.write_text(str(before))
 
 
+PIPE_MAX_SIZE = Path("/proc/sys/fs/pipe-max-size")
+REBOUND_PIPE_MAX_SIZE = 2 << 20  # what rebound raises it to in fast mode (raise_pipe_max_size)
+
+
+def pipe_limit():
+    """Raises fs.pipe-max-size as rebound's first fast-mode mount would, so that every target
+    of the run sees the same limit: with it, libfuse 3 drivers (direct ones too) read requests
+    by splice. Returns {"machine": the value found, "run": the run's}; rebound never lowers it,
+    so neither does the run."""
+    before = int(PIPE_MAX_SIZE.read_text())
+    if before < REBOUND_PIPE_MAX_SIZE:
+        PIPE_MAX_SIZE.write_text(str(REBOUND_PIPE_MAX_SIZE))
+    return {"machine": before, "run": max(before, REBOUND_PIPE_MAX_SIZE)}
+
+
 def halt_poll_ns(value):
     """--halt-poll-ns: nanoseconds (0 or more), or `keep`."""
     if value == "keep":
@@ -761,6 +776,8 @@ def render(metas, results, command, png=None):
         + (f"; guest halt polling {polling['run'] / 1000:g} µs for the run (the machine's: "
            f"{polling['machine'] / 1000:g} µs)" if (polling := m.get("guest_halt_poll_ns"))
            else "")
+        + (f"; fs.pipe-max-size {pipes['run']} for the run (the machine's: {pipes['machine']})"
+           if (pipes := m.get("pipe_max_size")) else "")
         + (f"; shared with other work (1-min load average at the measurements: median "
            f"{statistics.median(loads):.1f}, max {max(loads):.1f})" if loads else "")
         + ".\n\n"
@@ -883,6 +900,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with halt_polling(args.halt_poll_ns) as polling, open(path, "w") as sink:
         meta["guest_halt_poll_ns"] = polling
+        meta["pipe_max_size"] = pipe_limit()
         results = run(args, meta, sink)
     print(report([meta], results, out, meta["command"], [path]))
     print(f"results: {path} and the report beside it in {out}")
