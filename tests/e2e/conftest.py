@@ -3,7 +3,7 @@
 Owns: the preconditions of a run (root, /dev/fuse, fusectl, built fixtures, the rebound
 binary for rebound-mode tests), the session's copy of the fixture drivers under /tmp (every
 driver runs from there, as from a checkout under /tmp), the session's private sshd, the `mount` factory every test mounts with,
-the `direct` / `rebound` markers (from a test's `mode` parameter, so `-m direct` selects the
+the host's pipe limit put back at the end, the `direct` / `rebound` markers (from a test's `mode` parameter, so `-m direct` selects the
 tests that need no rebound binary), the `recovery` marker, the tree workload's tarball (built
 once per session), and a last check that the session left no mount behind.
 """
@@ -54,7 +54,11 @@ def preconditions():
     # What an interrupted earlier run left is removed first, so that it is not blamed on us.
     mounts.reap_stale_workdirs()
     programs = mounts.install_programs()
+    # rebound raises the host's pipe limit in fast mode (raise_pipe_max_size); the session
+    # leaves the host as it found it.
+    pipe_max_size = Path("/proc/sys/fs/pipe-max-size").read_text()
     yield
+    Path("/proc/sys/fs/pipe-max-size").write_text(pipe_max_size)
     mounts.remove_workdir(programs)
     # Nothing may outlive the session: no mount and no directory of ours under /tmp.
     left = mounts.workdirs(owner=os.getpid())

@@ -93,9 +93,9 @@ pub struct Config {
     /// if rebound itself dies (SIGKILL, a crash), a successor takes the mount over and
     /// applications see no error (guarded mode; see `keeper`).
     pub keeper: bool,
-    /// In fast mode, raise the host's `fs.pipe-max-size` to what libfuse 3 needs to read
-    /// requests by splice (see `host`), so that a driver's death cannot fail a request it
-    /// was copying.
+    /// When a driver serves the kernel's queue (fast mode), raise the host's
+    /// `fs.pipe-max-size` to what libfuse 3 needs to read requests by splice (see `host`), so
+    /// that a driver's death cannot fail a request it was copying.
     pub raise_pipe_max_size: bool,
 }
 
@@ -643,6 +643,18 @@ mod tests {
         assert!(err.contains("mount_timout"), "{err}");
         assert!(err.starts_with("line 2:"), "{err}");
         assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn the_pipe_limit_is_raised_unless_asked_not_to() {
+        assert!(Config::parse("").unwrap().raise_pipe_max_size);
+        assert!(
+            !Config::parse("raise_pipe_max_size = false\n")
+                .unwrap()
+                .raise_pipe_max_size
+        );
+        let err = Config::parse("raise_pipe_max_size = 2\n").unwrap_err();
+        assert!(err.contains("raise_pipe_max_size"), "{err}");
     }
 
     #[test]

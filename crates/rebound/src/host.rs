@@ -2,8 +2,8 @@
 //! unprivileged process may make (`fs.pipe-max-size`).
 //!
 //! Why: libfuse 3 reads each request with `splice(2)` into a pipe of its own when it can make
-//! that pipe hold the largest request (1 MiB of data and a page of headers; the kernel rounds
-//! the size up to 2 MiB). The host's default limit is 1 MiB, and the driver in rebound's
+//! that pipe hold the largest request (256 pages of data and a page of headers; the kernel
+//! rounds the size up to a power of two of pages: 2 MiB with 4 KiB pages). The host's default limit is 1 MiB, and the driver in rebound's
 //! sandbox lacks `CAP_SYS_RESOURCE`, so it falls back to `read(2)`. A `read(2)` copies the
 //! request into the driver's memory, faulting its pages in as it goes; when the driver dies
 //! during that copy (a crash kills all its threads), the fault fails and the kernel ends the
@@ -18,22 +18,25 @@ use std::path::Path;
 
 const PIPE_MAX_SIZE: &str = "/proc/sys/fs/pipe-max-size";
 
-/// The pipe libfuse 3 asks for (256 pages and one, rounded up to a power of two of pages).
-pub const FUSE_PIPE_BYTES: u64 = 2 << 20;
+/// The pipe libfuse 3 asks for with pages of `page` bytes: 256 pages of data (its
+/// `FUSE_MAX_MAX_PAGES`) and 4 KiB of headers, as the kernel rounds it (`round_pipe_size`).
+pub fn fuse_pipe_bytes(page: u64) -> u64 {
+    (256 * page + 4096).div_ceil(page).next_power_of_two() * page
+}
 
-/// Raises `fs.pipe-max-size` to [`FUSE_PIPE_BYTES`] if it is lower, and logs what it did or
+/// Raises `fs.pipe-max-size` to [`fuse_pipe_bytes`] if it is lower, and logs what it did or
 /// why it could not (a container's `/proc/sys` is often read-only).
 pub fn widen_pipes() {
-    match raise(Path::new(PIPE_MAX_SIZE), FUSE_PIPE_BYTES) {
+    let to = fuse_pipe_bytes(rustix::param::page_size() as u64);
+    match raise(Path::new(PIPE_MAX_SIZE), to) {
         Ok(None) => {}
         Ok(Some(before)) => tracing::info!(
-            "raised fs.pipe-max-size from {before} to {FUSE_PIPE_BYTES} bytes, so that libfuse 3 \
-             drivers read requests by splice (raise_pipe_max_size)"
+            "raised fs.pipe-max-size from {before} to {to} bytes, so that libfuse 3 drivers \
+             read requests by splice (raise_pipe_max_size)"
         ),
         Err(e) => tracing::warn!(
-            "cannot raise fs.pipe-max-size to {FUSE_PIPE_BYTES} bytes ({e}): a libfuse 3 \
-             driver reads requests with read(2), and one it is reading when it dies fails \
-             with EIO"
+            "cannot raise fs.pipe-max-size to {to} bytes ({e}): a libfuse 3 driver reads \
+             requests with read(2), and one it is reading when it dies fails with EIO"
         ),
     }
 }
@@ -69,6 +72,13 @@ mod tests {
         let path = std::env::temp_dir().join(format!("rebound-{name}-{}", std::process::id()));
         std::fs::write(&path, value).unwrap();
         Setting(path)
+    }
+
+    #[test]
+    fn the_pipe_is_what_libfuse_3_asks_for_rounded_as_the_kernel_does() {
+        assert_eq!(fuse_pipe_bytes(4096), 2 << 20);
+        assert_eq!(fuse_pipe_bytes(16 << 10), 8 << 20);
+        assert_eq!(fuse_pipe_bytes(64 << 10), 32 << 20);
     }
 
     #[test]

@@ -102,6 +102,11 @@ impl Run<'_> {
                         tracing::info!(
                             "fast mode: the driver serves the kernel's queue; rebound observes"
                         );
+                        // Before the driver's `mount(2)` is answered: libfuse makes its
+                        // pipes after that.
+                        if self.config.raise_pipe_max_size {
+                            crate::host::widen_pipes();
+                        }
                         Proxy::start_beside(mount.kernel, mount.channel, observer, tx, options)
                     }
                     None => Proxy::start(mount.kernel, mount.channel, tx, options),

@@ -238,10 +238,6 @@ pub fn run(
             None
         }
     };
-    // Before the driver makes its pipes.
-    if config.fast() && config.raise_pipe_max_size {
-        crate::host::widen_pipes();
-    }
     let log_label = Arc::new(Mutex::new(driver_name.clone()));
     let mut watch = hoarding::Watch::new(&config.limits);
     watch.driver_started(cgroup.as_ref());
