@@ -1,10 +1,12 @@
-//! Host-wide settings rebound adjusts for its drivers at start: the largest pipe an
-//! unprivileged process may make (`fs.pipe-max-size`).
+//! Host-wide settings rebound adjusts for its drivers when the first one starts serving the
+//! kernel's queue (fast mode): the largest pipe an unprivileged process may make
+//! (`fs.pipe-max-size`).
 //!
 //! Why: libfuse 3 reads each request with `splice(2)` into a pipe of its own when it can make
 //! that pipe hold the largest request (256 pages of data and a page of headers; the kernel
-//! rounds the size up to a power of two of pages: 2 MiB with 4 KiB pages). The host's default limit is 1 MiB, and the driver in rebound's
-//! sandbox lacks `CAP_SYS_RESOURCE`, so it falls back to `read(2)`. A `read(2)` copies the
+//! rounds the size up to a power of two of pages: 2 MiB with 4 KiB pages). The host's default
+//! limit is 1 MiB, and the driver in rebound's sandbox lacks `CAP_SYS_RESOURCE`, so it falls
+//! back to `read(2)`. A `read(2)` copies the
 //! request into the driver's memory, faulting its pages in as it goes; when the driver dies
 //! during that copy (a crash kills all its threads), the fault fails and the kernel ends the
 //! request with `EIO` (`fuse_dev_do_read`): an application error no recovery can take back.
@@ -20,7 +22,7 @@ const PIPE_MAX_SIZE: &str = "/proc/sys/fs/pipe-max-size";
 
 /// The pipe libfuse 3 asks for with pages of `page` bytes: 256 pages of data (its
 /// `FUSE_MAX_MAX_PAGES`) and 4 KiB of headers, as the kernel rounds it (`round_pipe_size`).
-pub fn fuse_pipe_bytes(page: u64) -> u64 {
+fn fuse_pipe_bytes(page: u64) -> u64 {
     (256 * page + 4096).div_ceil(page).next_power_of_two() * page
 }
 

@@ -124,7 +124,7 @@ const PIPES_LEN: usize = 5;
 const F_SETPIPE_SZ: u32 = 1031;
 /// The largest pipe a driver on rebound's channel may make: the host's default
 /// `fs.pipe-max-size`, below the 1 MiB and a page libfuse 3 asks for to splice its reads.
-pub const CHANNEL_PIPE_MAX: u32 = 1 << 20;
+const CHANNEL_PIPE_MAX: u32 = 1 << 20;
 
 /// System calls whose first argument is a process (or thread) id, 0 meaning the caller.
 const ON_A_PROCESS: [i64; 11] = [
