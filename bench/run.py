@@ -100,15 +100,18 @@ PIPE_MAX_SIZE = Path("/proc/sys/fs/pipe-max-size")
 REBOUND_PIPE_MAX_SIZE = 2 << 20  # what rebound raises it to in fast mode (raise_pipe_max_size)
 
 
+@contextlib.contextmanager
 def pipe_limit():
-    """Raises fs.pipe-max-size as rebound's first fast-mode mount would, so that every target
-    of the run sees the same limit: with it, libfuse 3 drivers (direct ones too) read requests
-    by splice. Returns {"machine": the value found, "run": the run's}; rebound never lowers it,
-    so neither does the run."""
+    """Raises fs.pipe-max-size for the run as rebound's first fast-mode mount would, so that
+    every target sees the same limit (with it, libfuse 3 drivers, direct ones too, read
+    requests by splice), and puts the machine's value back after, as the test suite does.
+    Yields {"machine": the value found, "run": the run's}."""
     before = int(PIPE_MAX_SIZE.read_text())
-    if before < REBOUND_PIPE_MAX_SIZE:
-        PIPE_MAX_SIZE.write_text(str(REBOUND_PIPE_MAX_SIZE))
-    return {"machine": before, "run": max(before, REBOUND_PIPE_MAX_SIZE)}
+    PIPE_MAX_SIZE.write_text(str(max(before, REBOUND_PIPE_MAX_SIZE)))
+    try:
+        yield {"machine": before, "run": max(before, REBOUND_PIPE_MAX_SIZE)}
+    finally:
+        PIPE_MAX_SIZE.write_text(str(before))
 
 
 def halt_poll_ns(value):
@@ -896,11 +899,13 @@ def main():
             "quick": args.quick, "rebound": str(REBOUND), "modes": args.modes,
             "command": "bench/run.py " + " ".join(sys.argv[1:])}
     path = out / f"{started.replace(':', '')}.jsonl"
-    # A killed run (SIGTERM) unwinds too, so the machine gets its halt polling back.
+    # A killed run (SIGTERM) unwinds too, so the machine gets its halt polling and pipe limit
+    # back.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with halt_polling(args.halt_poll_ns) as polling, open(path, "w") as sink:
+    with halt_polling(args.halt_poll_ns) as polling, pipe_limit() as pipes, \
+            open(path, "w") as sink:
         meta["guest_halt_poll_ns"] = polling
-        meta["pipe_max_size"] = pipe_limit()
+        meta["pipe_max_size"] = pipes
         results = run(args, meta, sink)
     print(report([meta], results, out, meta["command"], [path]))
     print(f"results: {path} and the report beside it in {out}")

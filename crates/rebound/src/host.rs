@@ -6,12 +6,12 @@
 //! that pipe hold the largest request (256 pages of data and a page of headers; the kernel
 //! rounds the size up to a power of two of pages: 2 MiB with 4 KiB pages). The host's default
 //! limit is 1 MiB, and the driver in rebound's sandbox lacks `CAP_SYS_RESOURCE`, so it falls
-//! back to `read(2)`. A `read(2)` copies the
-//! request into the driver's memory, faulting its pages in as it goes; when the driver dies
-//! during that copy (a crash kills all its threads), the fault fails and the kernel ends the
-//! request with `EIO` (`fuse_dev_do_read`): an application error no recovery can take back.
-//! A splice copies into pages the kernel allocates, so the request is read whole or stays in
-//! the queue, and fast mode's takeover sends it again.
+//! back to `read(2)`. A `read(2)` copies the request into the driver's memory, faulting its
+//! pages in as it goes; when the driver dies during that copy (a crash kills all its threads),
+//! the fault fails and the kernel ends the request with `EIO` (`fuse_dev_do_read`): an
+//! application error no recovery can take back. A splice copies into pages the kernel
+//! allocates, so the request is read whole or stays in the queue, and fast mode's takeover
+//! sends it again.
 //!
 //! Must not: lower a setting, or change one the configuration does not ask for.
 
