@@ -223,6 +223,60 @@ def test_the_status_names_a_mount_from_the_moment_it_is_mounted(rebound_bin, wor
 
 
 @pytest.mark.rebound
+def test_fast_mode_where_bpf_is_denied_serves_guarded_from_the_first_driver(mount, rebound_bin,
+                                                                            workdir):
+    """Where rebound cannot load its observer (bpf(2) fails with EPERM, as in a container under
+    Docker's default seccomp profile), fast mode is refused before the first driver starts:
+    the mount is served guarded, and that driver gets guarded mode's filter, which shows
+    rebound its splices into the channel. go-fuse splices file data into its replies; started
+    with fast mode's filter, its first large read reached rebound cut into pieces and it was
+    restarted as a misbehaving driver."""
+    wrapper = workdir / "rebound-without-bpf"
+    wrapper.write_text(f'#!/bin/sh\nexec python3 {mounts.fixture_script("without_bpf.py")} '
+                       f'{rebound_bin} "$@"\n')
+    wrapper.chmod(0o755)
+    with mount("gofuse", "rebound", config='mode = "fast"\n', rebound=wrapper) as m:
+        data = random.randbytes(8 * MiB)
+        (m.src / "big").write_bytes(data)
+        assert hashlib.sha256((m.mnt / "big").read_bytes()).digest() == \
+            hashlib.sha256(data).digest()
+        status = mounts.mount_status(m.mnt)
+        assert status["data_path"] == "guarded", status
+        assert status["failures"] == 0, f"{status}\n{m.output()}"
+        assert 'mode = "fast" is not available here, serving guarded' in m.output()
+
+
+@pytest.mark.rebound
+def test_a_mount_point_given_through_a_symbolic_link_is_served_fast(rebound_bin, workdir):
+    """go-fuse passes fusermount3 its mount point as given, and the mount table names it with
+    its links resolved: rebound finds the mount there (before, fast mode could not observe it
+    and the mount was served guarded), and keeps a standby for it (before, it took the mount
+    for gone and dropped it)."""
+    src, mnt, link = workdir / "src", workdir / "mnt", workdir / "link"
+    src.mkdir()
+    mnt.mkdir()
+    link.symlink_to(mnt)
+    (src / "f").write_bytes(b"through the link\n")
+    config = workdir / "rebound.toml"
+    config.write_text('mode = "fast"\n')
+    proc = subprocess.Popen([str(rebound_bin), "run", "--config", str(config), "--",
+                             str(mounts.fixture_bin("gofuse-loopback")), str(src), str(link)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert wait_for(lambda: (mounts.mount_status(link) or {}).get("standby_pid"),
+                        mounts.MOUNT_TIMEOUT), "no standby"
+        status = mounts.mount_status(link)
+        assert status["data_path"] == "fast", status
+        assert status["failures"] == 0, status
+        assert (mnt / "f").read_bytes() == b"through the link\n"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=STOP_TIMEOUT)
+    assert proc.returncode == 0, err.decode(errors="replace")
+
+
+@pytest.mark.rebound
 def test_command_that_exits_without_mounting(rebound_bin):
     rc, _, err, _ = mounts.run_rebound(["run", "--", "true"], timeout=30)
     assert rc == 1, f"rebound exited {rc} for `true`:\n{err}"

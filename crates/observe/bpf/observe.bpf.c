@@ -72,9 +72,12 @@ struct iovec { void *iov_base; __u64 iov_len; };
 #define READ(dst, src) \
     bpf_probe_read_kernel(&(dst), sizeof(dst), __builtin_preserve_access_index(&(src)))
 
-// Set by the loader: the connection observed (its device number, as in /proc/self/mountinfo),
-// and the range of fuse_dev_do_read (/proc/kallsyms), where a forget a driver reads is freed.
-const volatile __u32 CONNECTION = 0;
+// The connection observed (its device number, as in /proc/self/mountinfo): set once the
+// programs are loaded, before they are attached (the loading comes before the mount, to
+// learn early whether this kernel can observe at all). 0 matches no connection.
+volatile __u32 CONNECTION = 0;
+// Set by the loader: the range of fuse_dev_do_read (/proc/kallsyms), where a forget a driver
+// reads is freed.
 const volatile __u64 READ_LO = 0;
 const volatile __u64 READ_HI = 0;
 // Opcodes (below 64) whose requests are copied; the others are only counted. GETATTR of the

@@ -196,21 +196,63 @@ impl Observer {
     /// the root; the others are only counted ([`Observer::ended`]). With `pin` (a directory to
     /// make on a BPF file system), its programs and maps are pinned there: should this
     /// process die, they stay attached, and [`drain_pinned`] gives what it had not drained.
+    /// [`LoadedObserver::load`] then [`LoadedObserver::attach`], in one.
     pub fn attach(
         mountpoint: &Path,
         wanted: u64,
         pin: Option<&Path>,
     ) -> Result<Observer, ObserveError> {
-        let connection = connection_of(mountpoint)?;
+        LoadedObserver::load(wanted)?.attach(mountpoint, pin)
+    }
+}
+
+/// The observer's programs, checked and loaded by the kernel but attached to nothing yet: what
+/// fails on a kernel that cannot observe (no BPF, no BTF, no FUSE tracepoints, a verifier that
+/// refuses the program) fails here, before a driver is started, so that the run can choose
+/// its mode while it still can. Attaching it to a mount is then quick.
+pub struct LoadedObserver {
+    bpf: Ebpf,
+}
+
+impl LoadedObserver {
+    /// Loads the observer's programs, to report the opcodes in `wanted` (see
+    /// [`Observer::attach`]).
+    pub fn load(wanted: u64) -> Result<LoadedObserver, ObserveError> {
         let (read_lo, read_hi) = forget_site()?;
         let mut bpf = EbpfLoader::new()
-            .set_global("CONNECTION", &connection, true)
             .set_global("READ_LO", &read_lo, true)
             .set_global("READ_HI", &read_hi, true)
             .set_global("WANTED", &wanted, true)
             .load(PROGRAM)
             .map_err(|e| ObserveError::Load(e.to_string()))?;
         let btf = Btf::from_sys_fs().map_err(|e| ObserveError::Load(e.to_string()))?;
+        for (program, tracepoint) in PROGRAMS {
+            let p: &mut BtfTracePoint = bpf
+                .program_mut(program)
+                .ok_or_else(|| ObserveError::Attach(tracepoint, "missing from the object".into()))?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| {
+                    ObserveError::Attach(tracepoint, e.to_string())
+                })?;
+            p.load(tracepoint, &btf)
+                .map_err(|e| ObserveError::Attach(tracepoint, e.to_string()))?;
+        }
+        Ok(LoadedObserver { bpf })
+    }
+
+    /// Attaches the programs to the FUSE connection mounted at `mountpoint` (see
+    /// [`Observer::attach`] for `pin`).
+    pub fn attach(self, mountpoint: &Path, pin: Option<&Path>) -> Result<Observer, ObserveError> {
+        let mut bpf = self.bpf;
+        let connection = connection_of(mountpoint)?;
+        // The connection is the only variable the programs read (`.bss`): set before they
+        // run, so that they never see another connection's requests as this one's.
+        let variables = bpf
+            .map_mut(".bss")
+            .ok_or_else(|| ObserveError::Load("no map `.bss`".into()))?;
+        aya::maps::Array::<_, u32>::try_from(variables)
+            .and_then(|mut variables| variables.set(0, connection, 0))
+            .map_err(|e| ObserveError::Load(format!("setting the connection: {e}")))?;
         let mut links = Vec::new();
         for (program, tracepoint) in PROGRAMS {
             let attach = |bpf: &mut Ebpf| -> Result<Option<FdLink>, String> {
@@ -219,7 +261,6 @@ impl Observer {
                     .ok_or("missing from the object")?
                     .try_into()
                     .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-                p.load(tracepoint, &btf).map_err(|e| e.to_string())?;
                 let id = p.attach().map_err(|e| e.to_string())?;
                 // A link to pin is taken from the program, which would detach it when dropped.
                 pin.map(|_| p.take_link(id).map(FdLink::from))
@@ -267,7 +308,9 @@ impl Observer {
             scratch: Scratch::default(),
         })
     }
+}
 
+impl Observer {
     /// Where the observed connection was mounted when the observer attached.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint

@@ -73,7 +73,8 @@ pub struct MountStatus {
     #[serde(default)]
     pub failures: u64,
     /// The failures counted by cause: `crash`, `hang`, `refused_reply`, `second_opinion`,
-    /// `hoarding`, `operator` (`rebound restart`); and `during_restore`, new drivers that
+    /// `hoarding`, `operator` (`rebound restart`), `fallback` (fast mode's observer loaded but
+    /// could not attach: the first driver is replaced by a guarded one); and `during_restore`, new drivers that
     /// failed before they served (not in `failures`, which counts serving drivers).
     #[serde(default)]
     pub failures_by_cause: BTreeMap<String, u64>,

@@ -65,13 +65,14 @@ impl Run<'_> {
                 .update(|b| b.mountpoint = target.display().to_string());
         }
         // With a keeper, the observer is pinned: it must outlive rebound (see `keeper`).
-        let pins = (first_mount.is_some() && self.config.fast() && self.keeper.is_some())
+        let pins = (first_mount.is_some() && self.observer.is_some() && self.keeper.is_some())
             .then(|| {
                 let keeper = self.keeper.as_ref().and_then(crate::keeper::Keeper::pid);
                 crate::keeper::observer_pins(std::process::id(), keeper)
             })
             .flatten();
-        let fast = self.config.fast().then_some(intercept::Fast {
+        let fast = self.observer.is_some().then_some(intercept::Fast {
+            observer: &mut self.observer,
             pins: pins.as_deref(),
         });
         let outcome = intercept::handle(
@@ -135,6 +136,13 @@ impl Run<'_> {
                 });
                 self.keep_mount();
                 self.phase = Phase::Serving;
+                if mount.unobserved_fast {
+                    self.driver_failed(
+                        "fast mode could not observe the mount: guarded mode's filter is needed",
+                        super::restart::Cause::Fallback,
+                    );
+                    return Ok(());
+                }
                 self.keep_standby(Instant::now());
             }
             Intercepted::Reattached {

@@ -64,6 +64,9 @@ pub struct Mount {
     /// Fast mode: the observer of the new connection, attached before the driver could
     /// answer INIT. `None`: the driver got a channel (guarded mode).
     pub observer: Option<rebound_observe::Observer>,
+    /// Fast mode's observer was loaded but could not attach: the driver got a channel, but it
+    /// was started with fast mode's filter, which does not report its splices into it.
+    pub unobserved_fast: bool,
     /// The process that called `mount(2)`.
     pub caller: u32,
     /// The caller is a mount helper (`fusermount3`), not the driver itself.
@@ -118,8 +121,9 @@ pub fn fuse_mount_target(notif: &Notification) -> Option<PathBuf> {
 }
 
 /// A first mount served on the fast path (see [`handle`]).
-#[derive(Clone, Copy)]
 pub struct Fast<'a> {
+    /// The observer loaded for it, taken once the mount is made.
+    pub observer: &'a mut Option<rebound_observe::LoadedObserver>,
     /// Where the observer is pinned, to outlive rebound (see `keeper::observer_pins`).
     pub pins: Option<&'a Path>,
 }
@@ -401,14 +405,22 @@ fn mount_for_driver(
         rustix::mount::MountFlags::from_bits_retain(call.flags as _),
         to_c(data)?.as_c_str(),
     )?;
-    let observer = fast.and_then(|fast| {
-        let opcodes = crate::proxy::observed_opcodes();
-        rebound_observe::Observer::attach(&call.target, opcodes, fast.pins)
-            .inspect_err(|e| {
-                tracing::warn!("mode = \"fast\" is not available here, serving guarded: {e}")
-            })
-            .ok()
-    });
+    let loaded = fast.and_then(|fast| Some((fast.observer.take()?, fast.pins)));
+    let (observer, unobserved_fast) = match loaded {
+        None => (None, false),
+        // Found in the mount table as it names the mount: with symbolic links resolved (a
+        // helper such as fusermount3 mounts the path as the driver gave it).
+        Some((loaded, pins)) => match loaded.attach(&in_mount_table(&call.target), pins) {
+            Ok(observer) => (Some(observer), false),
+            Err(e) => {
+                tracing::warn!(
+                    "mode = \"fast\" could not observe the mount, serving guarded; the driver \
+                     is replaced by one with guarded mode's filter: {e}"
+                );
+                (None, true)
+            }
+        },
+    };
     let installed = match observer {
         Some(_) => install_clone(listener, notif, kernel.as_fd(), driver_fd, cloexec),
         None => install_channel(listener, notif, driver_fd, cloexec),
@@ -424,10 +436,19 @@ fn mount_for_driver(
         channel,
         channel_inode,
         observer,
+        unobserved_fast,
         caller: notif.pid,
         by_helper,
         answer: PendingMount { id: notif.id },
     })
+}
+
+/// `mountpoint` as the mount table names a mount made there: its symbolic links resolved
+/// without entering it (see [`crate::paths::mount_point_forms`]).
+pub fn in_mount_table(mountpoint: &Path) -> PathBuf {
+    crate::paths::mount_point_forms(mountpoint)
+        .pop()
+        .unwrap_or_else(|| mountpoint.to_path_buf())
 }
 
 /// Puts a clone of `kernel` in place of the caller's descriptor `fd` (fast mode). Returns

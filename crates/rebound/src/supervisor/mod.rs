@@ -180,6 +180,9 @@ struct Run<'a> {
     service: ServiceManager,
     /// The process that takes the mount over should rebound die (see [`crate::keeper`]).
     keeper: Option<Keeper>,
+    /// Fast mode's observer, loaded before the first driver started and attached at its
+    /// mount; `None` in guarded mode, where fast mode is not available, and once attached.
+    observer: Option<rebound_observe::LoadedObserver>,
 }
 
 /// Runs `argv` as a FUSE driver behind rebound until the mount ends, or, with `succession`,
@@ -266,6 +269,18 @@ pub fn run(
         .ok(),
         _ => None,
     };
+    // Fast mode's observer is loaded before the first driver starts: on a kernel that cannot
+    // observe, the driver then gets guarded mode's filter from the start (its splices into
+    // rebound's channel are seen).
+    let observer = (succession.is_none() && config.fast())
+        .then(|| {
+            rebound_observe::LoadedObserver::load(crate::proxy::observed_opcodes())
+                .inspect_err(|e| {
+                    tracing::warn!("mode = \"fast\" is not available here, serving guarded: {e}")
+                })
+                .ok()
+        })
+        .flatten();
     let started = match &succession {
         // The driver starts on the recovery path, once the proxy is taken over.
         Some(_) => None,
@@ -275,7 +290,7 @@ pub fn run(
             MountPoint::Unknown,
             cgroup.as_ref(),
             log_label.clone(),
-            (false, config.fast()),
+            (false, observer.is_some()),
             None,
         )),
     };
@@ -366,6 +381,7 @@ pub fn run(
         learner,
         service: ServiceManager::from_env(),
         keeper,
+        observer,
     };
     if let Some(known) = crate::sandbox::named::known_driver(argv) {
         if config.sandbox.profile != Profile::Off {
@@ -690,7 +706,7 @@ impl Run<'_> {
         let Some(s) = self.served.as_ref().filter(|s| s.mounted_by_helper) else {
             return;
         };
-        let needle = format!(" {} ", s.mountpoint.display());
+        let needle = format!(" {} ", intercept::in_mount_table(&s.mountpoint).display());
         let mounted = std::fs::read_to_string("/proc/self/mountinfo")
             .map(|t| t.lines().any(|l| l.contains(&needle)))
             .unwrap_or(true);

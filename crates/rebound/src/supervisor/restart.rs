@@ -34,6 +34,9 @@ pub(super) enum Cause {
     Upgrade,
     /// `rebound reload` (the driver stopped for rebound's successor).
     Reload,
+    /// Fast mode's observer loaded but could not attach to the mount: the first driver, started
+    /// with fast mode's filter, is replaced by one with guarded mode's.
+    Fallback,
     /// A new driver failed (in any way) while being brought to the old one's state.
     DuringRestore,
 }
@@ -49,6 +52,7 @@ impl Cause {
             Cause::Operator => "operator",
             Cause::Upgrade => "upgrade",
             Cause::Reload => "reload",
+            Cause::Fallback => "fallback",
             Cause::DuringRestore => "during_restore",
         }
     }
@@ -117,7 +121,8 @@ impl Run<'_> {
             | Cause::SecondOpinion
             | Cause::Operator
             | Cause::Upgrade
-            | Cause::Reload => self.config.restart_grace(),
+            | Cause::Reload
+            | Cause::Fallback => self.config.restart_grace(),
             Cause::Crash | Cause::Hang | Cause::Hoarding | Cause::DuringRestore => Duration::ZERO,
         };
         self.stop_driver(grace);
