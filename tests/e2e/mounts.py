@@ -7,6 +7,7 @@ runs whatever happened. Every mount lives in its own directory /tmp/rebound-e2e-
 path names its mount point and so identifies its processes by their command lines.
 """
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -97,6 +98,22 @@ def install_programs():
 
 
 # --- polling, mounts, processes -------------------------------------------------------------
+
+def side_by_side(*sides):
+    """Runs each of `sides` (functions of no arguments, each using a mount of its own) in a
+    thread of its own and returns their results in order: a comparison's direct and rebound
+    runs at once, each mount serving only its own side. Most of a run waits on its mount's
+    round trips, so two take little more than the time of one (the suite's time, not a
+    measurement). The umask is fsops' (022) throughout: each run sets it and puts back what
+    it found, which must be the same for both."""
+    old = os.umask(0o022)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(sides)) as pool:
+            futures = [pool.submit(side) for side in sides]
+            return [f.result() for f in futures]
+    finally:
+        os.umask(old)
+
 
 def wait_for(cond, timeout, interval=0.05):
     """Polls cond() until it returns something truthy (returned) or timeout passes (None)."""

@@ -104,7 +104,13 @@ def test_direct_matches_local(mount, driver, mode, local_results, direct_results
 def run_as_root_and_user(mount, driver, mode, entries=fsops.READDIR_ENTRIES, **kw):
     """fsops on a fresh mount (letting other users in) as root, then as an unprivileged
     user in a directory of its own: both results."""
-    with mount(driver, mode, allow_other=True, **kw) as m:
+    return as_root_and_user(mount(driver, mode, allow_other=True, **kw), entries)
+
+
+def as_root_and_user(context, entries=fsops.READDIR_ENTRIES):
+    """The same, in the mount `context` makes (made by the `mount` fixture in the test's own
+    thread: `mounts.side_by_side` may run this in another)."""
+    with context as m:
         as_root = fsops.run(str(m.mnt), entries)
         as_user = fsops.run_as_user(str(m.mnt), entries)
     return as_root, as_user

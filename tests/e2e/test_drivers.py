@@ -8,6 +8,7 @@ Owns: the per-driver proof of the default suite. Must not: run long storms (the 
 command does: tests/run-e2e.sh --all-drivers), or measure recovery latency (bench/recovery.py).
 """
 
+import functools
 import hashlib
 import os
 import signal
@@ -20,7 +21,7 @@ import chaos
 import fsops
 import mounts
 import workloads
-from test_differential import assert_same, diff, run_as_root_and_user
+from test_differential import as_root_and_user, assert_same, diff
 from test_recovery import explain, stop_successor, storm_passed, toml, wait_serving
 
 pytestmark = pytest.mark.usefixtures("many_open_files")
@@ -65,19 +66,22 @@ def test_rebound_matches_direct(mount, driver):
     fresh direct mount and a fresh rebound mount of the driver, as root and as an
     unprivileged user: identical results."""
     entries = FSOPS_ENTRIES.get(driver, fsops.READDIR_ENTRIES)
+    options = {"config": DRIVER_CONFIG.get(driver, ""), "reflink": driver in REFLINK}
     if driver not in mounts.ALLOW_OTHER:  # (fuser's example decides that by itself)
-        with mount(driver, "direct") as m:
-            direct = fsops.run(str(m.mnt), entries)
-        with mount(driver, "rebound", config=DRIVER_CONFIG.get(driver, ""),
-                   reflink=driver in REFLINK) as m:
-            rebound = fsops.run(str(m.mnt), entries)
+        def as_root(context):
+            with context as m:
+                return fsops.run(str(m.mnt), entries)
+
+        direct, rebound = mounts.side_by_side(
+            functools.partial(as_root, mount(driver, "direct")),
+            functools.partial(as_root, mount(driver, "rebound", **options)))
         assert rebound == direct, "\n" + diff(direct, rebound, f"{driver} direct",
                                               f"{driver} rebound")
         return
-    direct = run_as_root_and_user(mount, driver, "direct", entries)
-    rebound = run_as_root_and_user(mount, driver, "rebound", entries,
-                                   config=DRIVER_CONFIG.get(driver, ""),
-                                   reflink=driver in REFLINK)
+    direct, rebound = mounts.side_by_side(
+        functools.partial(as_root_and_user, mount(driver, "direct", allow_other=True), entries),
+        functools.partial(as_root_and_user, mount(driver, "rebound", allow_other=True, **options),
+                          entries))
     assert_same(driver, direct, rebound)
 
 
