@@ -17,6 +17,11 @@ pub struct ObjectSnapshot {
     handles: Vec<(u64, bool, u64, u32, Option<u64>)>,
     /// `(fh, lock requests)`.
     locks: Vec<(u64, Vec<Vec<u8>>)>,
+    /// `(fh, is_dir, nodes)`: handles the first driver gave again while the release of their
+    /// earlier uses on `nodes` was still to be seen (`ObjectTable::reissued`). (Absent from a
+    /// predecessor's older hand-over: none.)
+    #[serde(default)]
+    reissued: Vec<(u64, bool, Vec<u64>)>,
     next_fresh: u64,
     generation: u64,
 }
@@ -65,6 +70,11 @@ impl ObjectTable {
                 .iter()
                 .map(|(&fh, locks)| (fh, locks.iter().map(|l| l.to_vec()).collect()))
                 .collect(),
+            reissued: self
+                .reissued
+                .iter()
+                .map(|(&(fh, dir), nodes)| (fh, dir, nodes.clone()))
+                .collect(),
             next_fresh: self.next_fresh,
             generation: self.generation,
         };
@@ -72,6 +82,7 @@ impl ObjectTable {
         snapshot.nodes.sort_unstable_by_key(|n| n.id);
         snapshot.handles.sort_unstable();
         snapshot.locks.sort_unstable();
+        snapshot.reissued.sort_unstable();
         snapshot
     }
 
@@ -120,6 +131,9 @@ impl ObjectTable {
             table
                 .locks
                 .insert(fh, locks.into_iter().map(Into::into).collect());
+        }
+        for (fh, dir, nodes) in snapshot.reissued {
+            table.reissued.insert((fh, dir), nodes);
         }
         table
     }

@@ -280,6 +280,24 @@ fn in_fast_mode_a_reused_handle_outlives_the_late_release_of_its_earlier_use() {
 }
 
 #[test]
+fn a_reused_handle_outlives_the_late_release_of_its_earlier_use_across_a_snapshot() {
+    // As above, with a hand-over to a successor rebound (serving guarded) in between.
+    let mut t = ObjectTable::new();
+    t.set_kernel_holds_driver_handles(true);
+    opened(&mut t, 5, 70);
+    opened(&mut t, 6, 70);
+    let json = serde_json::to_string(&t.snapshot()).unwrap();
+    let mut t = ObjectTable::from_snapshot(serde_json::from_str(&json).unwrap());
+    assert_eq!(t.release(70, false, 5), ToDriver::Lost, "node 5's");
+    assert_eq!(
+        t.handle_to_driver(70, false),
+        ToDriver::Mapped(70),
+        "node 6's stays"
+    );
+    assert_eq!(t.release(70, false, 6), ToDriver::Mapped(70));
+}
+
+#[test]
 fn in_fast_mode_one_value_for_two_handles_of_a_node_takes_two_releases() {
     let mut t = ObjectTable::new();
     t.set_kernel_holds_driver_handles(true);
