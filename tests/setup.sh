@@ -91,7 +91,7 @@ if ! up_to_date "$bin/gofuse-loopback" "$gofuse/main.go" "$gofuse/go.mod" "$gofu
   mv "$bin/gofuse-loopback.new" "$bin/gofuse-loopback"
 fi
 
-# Built crates are kept per user, by crate, version and compiler, as cargo keeps what it
+# Built crates are kept per user, by crate, version and build setting, as cargo keeps what it
 # downloads: a fresh checkout (CI's) copies them instead of building them again (80 of the
 # 95 s this script took on one).
 crate_cache="${XDG_CACHE_HOME:-$HOME/.cache}/rebound/fixtures"
@@ -101,8 +101,11 @@ crate_cache="${XDG_CACHE_HOME:-$HOME/.cache}/rebound/fixtures"
 # $bin/OUT.
 build_crate() {
   local crate=$1 version=$2 out=$3 artifact=$4 archive src
-  local cached
-  cached="$crate_cache/$(rustc -V | tr -c 'A-Za-z0-9.-' _)/$crate-$version-$out"
+  local cached key
+  # What the build depends on beyond the crate: compiler, machine, cargo's arguments, and the
+  # libfuse fuser links.
+  key="$(rustc -V) $(uname -m) $* ${RUSTFLAGS:-} $(pkg-config --modversion fuse3 2>/dev/null || true)"
+  cached="$crate_cache/$(printf '%s' "$key" | sha256sum | cut -c1-16)/$crate-$version-$out"
   shift 4
   if [ -x "$cached" ]; then
     cp "$cached" "$bin/$out"

@@ -74,7 +74,8 @@ struct iovec { void *iov_base; __u64 iov_len; };
 
 // The connection observed (its device number, as in /proc/self/mountinfo): set once the
 // programs are loaded, before they are attached (the loading comes before the mount, to
-// learn early whether this kernel can observe at all). 0 matches no connection.
+// learn early whether this kernel can observe at all). 0 matches no connection. The loader
+// writes `.bss` as one __u32: it must stay the only zero-initialised global.
 volatile __u32 CONNECTION = 0;
 // Set by the loader: the range of fuse_dev_do_read (/proc/kallsyms), where a forget a driver
 // reads is freed.

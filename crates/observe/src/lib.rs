@@ -227,15 +227,13 @@ impl LoadedObserver {
             .map_err(|e| ObserveError::Load(e.to_string()))?;
         let btf = Btf::from_sys_fs().map_err(|e| ObserveError::Load(e.to_string()))?;
         for (program, tracepoint) in PROGRAMS {
+            let failed = |e: &dyn std::fmt::Display| ObserveError::Load(format!("{program}: {e}"));
             let p: &mut BtfTracePoint = bpf
                 .program_mut(program)
-                .ok_or_else(|| ObserveError::Attach(tracepoint, "missing from the object".into()))?
+                .ok_or_else(|| failed(&"missing from the object"))?
                 .try_into()
-                .map_err(|e: aya::programs::ProgramError| {
-                    ObserveError::Attach(tracepoint, e.to_string())
-                })?;
-            p.load(tracepoint, &btf)
-                .map_err(|e| ObserveError::Attach(tracepoint, e.to_string()))?;
+                .map_err(|e: aya::programs::ProgramError| failed(&e))?;
+            p.load(tracepoint, &btf).map_err(|e| failed(&e))?;
         }
         Ok(LoadedObserver { bpf })
     }

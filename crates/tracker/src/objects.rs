@@ -461,6 +461,14 @@ impl ObjectTable {
         self.kernel_holds_driver_handles = holds;
     }
 
+    /// Whether the kernel's release of `fh` on `node` is of an earlier use of a value the
+    /// driver gave again (see `reissued`): it closes nothing.
+    pub fn releases_an_earlier_use(&self, fh: u64, dir: bool, node: u64) -> bool {
+        self.reissued
+            .get(&(fh, dir))
+            .is_some_and(|nodes| nodes.contains(&node))
+    }
+
     /// The kernel closes handle `fh`, which it had opened on `node`. Returns the driver's
     /// handle to release, or `Lost` when there is none to close: the handle did not survive a
     /// restart, or the release is of an earlier use of a value the driver gave again (see

@@ -115,6 +115,13 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
         }
         _ => {}
     }
+    if let Some((fh, true, node)) = info.release {
+        // (Not for an earlier use of a value the driver gave again: the mark is the later
+        // use's.)
+        if !shared.objects().releases_an_earlier_use(fh, true, node) {
+            recovery::forget_unprimed(shared, fh);
+        }
+    }
     if matches!(info.opcode, Some(Opcode::Readdir | Opcode::Readdirplus)) {
         recovery::prime_reopened_directory(shared, msg, &info.fields, &info.change);
     }
@@ -124,12 +131,8 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
         .map(|(fh, dir, node)| shared.objects().release(fh, dir, node));
     if released == Some(ToDriver::Lost) {
         // The handle died with an earlier driver, or this releases an earlier use of a value
-        // the driver gave again: there is nothing left to close (and a mark on the handle
-        // is the later use's).
+        // the driver gave again: there is nothing left to close.
         return answer_ok(shared, unique, queue);
-    }
-    if let Some((fh, true, _)) = info.release {
-        recovery::forget_unprimed(shared, fh);
     }
 
     // Decided again after each node a restarted driver had to be asked for first: the link

@@ -98,6 +98,7 @@ impl Run<'_> {
                 let mount = *mount;
                 let tx = self.events_tx.take().context("second mount")?;
                 let options = self.proxy_options();
+                let observed = mount.observer.is_some();
                 let proxy = match mount.observer {
                     Some(observer) => {
                         tracing::info!(
@@ -129,6 +130,7 @@ impl Run<'_> {
                 });
                 mount.answer.answer(self.listener.as_fd(), Ok(()));
                 self.served = Some(Served {
+                    in_mount_table: mount.in_mount_table,
                     mountpoint: mount.mountpoint,
                     channel_inode: mount.channel_inode,
                     proxy,
@@ -136,7 +138,10 @@ impl Run<'_> {
                 });
                 self.keep_mount();
                 self.phase = Phase::Serving;
-                if mount.unobserved_fast {
+                // Started with fast mode's filter but served on a channel (its observer did
+                // not attach, or was lost with a mount that failed and was tried again).
+                if self.fast_filter && !observed {
+                    self.falling_back = true;
                     self.driver_failed(
                         "fast mode could not observe the mount: guarded mode's filter is needed",
                         super::restart::Cause::Fallback,

@@ -320,7 +320,11 @@ impl Run<'_> {
                 // A daemonizing driver's parent exits once its daemon runs; a look at /proc
                 // right then once found neither holding the connection (sshfs, once in 16
                 // runs of the suite), and its daemon served a run that was stopping.
-                if !process::descendants_except(&self.standby_processes()).is_empty() {
+                let left = match &self.cgroup {
+                    Some(cgroup) => cgroup.processes(),
+                    None => process::descendants_except(&self.standby_processes()),
+                };
+                if !left.is_empty() {
                     return;
                 }
                 // It left before it answered INIT (sshfs that cannot reach its server): as in

@@ -64,9 +64,8 @@ pub struct Mount {
     /// Fast mode: the observer of the new connection, attached before the driver could
     /// answer INIT. `None`: the driver got a channel (guarded mode).
     pub observer: Option<rebound_observe::Observer>,
-    /// Fast mode's observer was loaded but could not attach: the driver got a channel, but it
-    /// was started with fast mode's filter, which does not report its splices into it.
-    pub unobserved_fast: bool,
+    /// `mountpoint` as the mount table names it (see [`in_mount_table`]).
+    pub in_mount_table: PathBuf,
     /// The process that called `mount(2)`.
     pub caller: u32,
     /// The caller is a mount helper (`fusermount3`), not the driver itself.
@@ -405,22 +404,24 @@ fn mount_for_driver(
         rustix::mount::MountFlags::from_bits_retain(call.flags as _),
         to_c(data)?.as_c_str(),
     )?;
+    // Found in the mount table as it names the mount: with symbolic links resolved (a helper
+    // such as fusermount3 mounts the path as the driver gave it).
+    let in_table = in_mount_table(&call.target);
     let loaded = fast.and_then(|fast| Some((fast.observer.take()?, fast.pins)));
-    let (observer, unobserved_fast) = match loaded {
-        None => (None, false),
-        // Found in the mount table as it names the mount: with symbolic links resolved (a
-        // helper such as fusermount3 mounts the path as the driver gave it).
-        Some((loaded, pins)) => match loaded.attach(&in_mount_table(&call.target), pins) {
-            Ok(observer) => (Some(observer), false),
-            Err(e) => {
+    let observer = loaded.and_then(|(loaded, pins)| {
+        loaded
+            .attach(&in_table, pins)
+            .inspect_err(|e| {
+                if let Some(dir) = pins {
+                    rebound_observe::remove_pins(dir);
+                }
                 tracing::warn!(
                     "mode = \"fast\" could not observe the mount, serving guarded; the driver \
                      is replaced by one with guarded mode's filter: {e}"
-                );
-                (None, true)
-            }
-        },
-    };
+                )
+            })
+            .ok()
+    });
     let installed = match observer {
         Some(_) => install_clone(listener, notif, kernel.as_fd(), driver_fd, cloexec),
         None => install_channel(listener, notif, driver_fd, cloexec),
@@ -436,7 +437,7 @@ fn mount_for_driver(
         channel,
         channel_inode,
         observer,
-        unobserved_fast,
+        in_mount_table: in_table,
         caller: notif.pid,
         by_helper,
         answer: PendingMount { id: notif.id },

@@ -115,6 +115,8 @@ enum Readiness {
 /// The mount being served.
 struct Served {
     mountpoint: PathBuf,
+    /// `mountpoint` as the mount table names it (symbolic links resolved at the mount).
+    in_mount_table: PathBuf,
     /// Inode of the current driver's end of its channel.
     channel_inode: u64,
     proxy: Proxy,
@@ -181,8 +183,14 @@ struct Run<'a> {
     /// The process that takes the mount over should rebound die (see [`crate::keeper`]).
     keeper: Option<Keeper>,
     /// Fast mode's observer, loaded before the first driver started and attached at its
-    /// mount; `None` in guarded mode, where fast mode is not available, and once attached.
+    /// mount; `None` in guarded mode, where fast mode is not available, in a successor
+    /// rebound's run, and once taken for the mount.
     observer: Option<rebound_observe::LoadedObserver>,
+    /// The first driver was started with fast mode's filter (its observer loaded): served on
+    /// a channel instead, it must be replaced (see `Cause::Fallback`).
+    fast_filter: bool,
+    /// The driver is being replaced for `Cause::Fallback`: not a restart the budget counts.
+    falling_back: bool,
 }
 
 /// Runs `argv` as a FUSE driver behind rebound until the mount ends, or, with `succession`,
@@ -381,6 +389,8 @@ pub fn run(
         learner,
         service: ServiceManager::from_env(),
         keeper,
+        fast_filter: observer.is_some(),
+        falling_back: false,
         observer,
     };
     if let Some(known) = crate::sandbox::named::known_driver(argv) {
@@ -706,7 +716,7 @@ impl Run<'_> {
         let Some(s) = self.served.as_ref().filter(|s| s.mounted_by_helper) else {
             return;
         };
-        let needle = format!(" {} ", intercept::in_mount_table(&s.mountpoint).display());
+        let needle = format!(" {} ", s.in_mount_table.display());
         let mounted = std::fs::read_to_string("/proc/self/mountinfo")
             .map(|t| t.lines().any(|l| l.contains(&needle)))
             .unwrap_or(true);

@@ -195,7 +195,8 @@ impl Run<'_> {
             self.restarts.pop_front();
         }
         let recent = self.restarts.len() as u32;
-        if recent >= self.config.restart_budget {
+        // (A first driver replaced for its filter is no failure the budget is for.)
+        if recent >= self.config.restart_budget && !std::mem::take(&mut self.falling_back) {
             self.budget_spent();
             return;
         }

@@ -288,6 +288,8 @@ fn a_reused_handle_outlives_the_late_release_of_its_earlier_use_across_a_snapsho
     opened(&mut t, 6, 70);
     let json = serde_json::to_string(&t.snapshot()).unwrap();
     let mut t = ObjectTable::from_snapshot(serde_json::from_str(&json).unwrap());
+    assert!(t.releases_an_earlier_use(70, false, 5));
+    assert!(!t.releases_an_earlier_use(70, false, 6));
     assert_eq!(t.release(70, false, 5), ToDriver::Lost, "node 5's");
     assert_eq!(
         t.handle_to_driver(70, false),
