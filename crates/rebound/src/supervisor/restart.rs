@@ -196,7 +196,8 @@ impl Run<'_> {
         }
         let recent = self.restarts.len() as u32;
         // (A first driver replaced for its filter is no failure the budget is for.)
-        if recent >= self.config.restart_budget && !std::mem::take(&mut self.falling_back) {
+        let falling_back = std::mem::take(&mut self.falling_back);
+        if recent >= self.config.restart_budget && !falling_back {
             self.budget_spent();
             return;
         }
