@@ -55,6 +55,15 @@ pub fn mount_point_forms(path: &Path) -> Vec<PathBuf> {
     forms
 }
 
+/// `mountpoint` as the mount table names a mount made there: its symbolic links resolved
+/// without entering it (the last of [`mount_point_forms`]). A mount helper (fusermount3)
+/// mounts the path as the driver gave it.
+pub fn in_mount_table(mountpoint: &Path) -> PathBuf {
+    mount_point_forms(mountpoint)
+        .pop()
+        .unwrap_or_else(|| mountpoint.to_path_buf())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -64,7 +64,7 @@ pub struct Mount {
     /// Fast mode: the observer of the new connection, attached before the driver could
     /// answer INIT. `None`: the driver got a channel (guarded mode).
     pub observer: Option<rebound_observe::Observer>,
-    /// `mountpoint` as the mount table names it (see [`in_mount_table`]).
+    /// `mountpoint` as the mount table names it (see [`crate::paths::in_mount_table`]).
     pub in_mount_table: PathBuf,
     /// The process that called `mount(2)`.
     pub caller: u32,
@@ -406,7 +406,7 @@ fn mount_for_driver(
     )?;
     // Found in the mount table as it names the mount: with symbolic links resolved (a helper
     // such as fusermount3 mounts the path as the driver gave it).
-    let in_table = in_mount_table(&call.target);
+    let in_table = crate::paths::in_mount_table(&call.target);
     let loaded = fast.and_then(|fast| Some((fast.observer.take()?, fast.pins)));
     let observer = loaded.and_then(|(loaded, pins)| {
         loaded
@@ -442,14 +442,6 @@ fn mount_for_driver(
         by_helper,
         answer: PendingMount { id: notif.id },
     })
-}
-
-/// `mountpoint` as the mount table names a mount made there: its symbolic links resolved
-/// without entering it (see [`crate::paths::mount_point_forms`]).
-pub fn in_mount_table(mountpoint: &Path) -> PathBuf {
-    crate::paths::mount_point_forms(mountpoint)
-        .pop()
-        .unwrap_or_else(|| mountpoint.to_path_buf())
 }
 
 /// Puts a clone of `kernel` in place of the caller's descriptor `fd` (fast mode). Returns

@@ -240,7 +240,7 @@ impl Run<'_> {
             ),
         }
         self.served = Some(Served {
-            in_mount_table: super::intercept::in_mount_table(&succession.mountpoint),
+            in_mount_table: crate::paths::in_mount_table(&succession.mountpoint),
             mountpoint: succession.mountpoint,
             channel_inode: 0,
             proxy,
