@@ -259,10 +259,12 @@ def test_a_mount_point_given_through_a_symbolic_link_is_served_fast(rebound_bin,
     (src / "f").write_bytes(b"through the link\n")
     config = workdir / "rebound.toml"
     config.write_text('mode = "fast"\n')
-    proc = subprocess.Popen([str(rebound_bin), "run", "--config", str(config), "--",
-                             str(mounts.fixture_bin("gofuse-loopback")), str(src), str(link)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    log = workdir / "rebound.log"
+    with open(log, "wb") as err:  # (a file: a pipe nobody reads could fill and stop rebound)
+        proc = subprocess.Popen([str(rebound_bin), "run", "--config", str(config), "--",
+                                 str(mounts.fixture_bin("gofuse-loopback")), str(src),
+                                 str(link)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
     try:
         assert wait_for(lambda: (mounts.mount_status(link) or {}).get("standby_pid"),
                         mounts.MOUNT_TIMEOUT), "no standby"
@@ -272,8 +274,8 @@ def test_a_mount_point_given_through_a_symbolic_link_is_served_fast(rebound_bin,
         assert (mnt / "f").read_bytes() == b"through the link\n"
     finally:
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=STOP_TIMEOUT)
-    assert proc.returncode == 0, err.decode(errors="replace")
+        proc.wait(timeout=STOP_TIMEOUT)
+    assert proc.returncode == 0, log.read_text(errors="replace")
 
 
 @pytest.mark.rebound

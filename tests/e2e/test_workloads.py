@@ -6,8 +6,8 @@ Owns: the proof that workloads.py is right, so that an error it reports under ch
 driver mounted directly. Shorter than under chaos: a few seconds of held-open and model; the
 tree at the session's size. At the soak scale (REBOUND_SOAK=1) each also runs through rebound
 with no failure, to tell a soak's error under failures from one without; the default suite
-leaves that to the differential tests and to the workloads under failures themselves (75 s of
-its 20 minutes).
+leaves that to the differential tests and to the workloads under failures themselves (they
+took 79 s of one of its runs).
 """
 
 import dataclasses
