@@ -247,31 +247,43 @@ def test_fast_mode_where_bpf_is_denied_serves_guarded_from_the_first_driver(moun
 
 
 @pytest.mark.rebound
-def test_a_mount_point_given_through_a_symbolic_link_is_served_fast(rebound_bin, workdir):
-    """go-fuse passes fusermount3 its mount point as given, and the mount table names it with
-    its links resolved: rebound finds the mount there (before, fast mode could not observe it
-    and the mount was served guarded), and keeps a standby for it (before, it took the mount
-    for gone and dropped it)."""
-    src, mnt, link = workdir / "src", workdir / "mnt", workdir / "link"
+@pytest.mark.parametrize("given", ["through a symbolic link", "with a space in its name"])
+def test_a_mount_point_the_mount_table_names_otherwise_is_served_fast(rebound_bin, workdir,
+                                                                      given):
+    """go-fuse passes fusermount3 its mount point as given. The mount table names it with its
+    links resolved, and with a space escaped (`\\040`). rebound finds the mount there: before,
+    through a link, fast mode could not observe it and the mount was served guarded; and it
+    keeps a standby for it: before, it took the mount for gone (in both cases) and dropped
+    its standby and the driver's copy of the mount."""
+    src = workdir / "src"
     src.mkdir()
+    if given == "through a symbolic link":
+        mnt, target = workdir / "mnt", workdir / "link"
+        target.symlink_to(mnt)
+    else:
+        mnt = target = workdir / "m nt"
     mnt.mkdir()
-    link.symlink_to(mnt)
-    (src / "f").write_bytes(b"through the link\n")
+    (src / "f").write_bytes(b"through rebound\n")
     config = workdir / "rebound.toml"
     config.write_text('mode = "fast"\n')
     log = workdir / "rebound.log"
     with open(log, "wb") as err:  # (a file: a pipe nobody reads could fill and stop rebound)
         proc = subprocess.Popen([str(rebound_bin), "run", "--config", str(config), "--",
                                  str(mounts.fixture_bin("gofuse-loopback")), str(src),
-                                 str(link)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err, start_new_session=True)
+                                 str(target)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
-        assert wait_for(lambda: (mounts.mount_status(link) or {}).get("standby_pid"),
+        assert wait_for(lambda: (mounts.mount_status(target) or {}).get("standby_pid"),
                         mounts.MOUNT_TIMEOUT), "no standby"
-        status = mounts.mount_status(link)
+        status = mounts.mount_status(target)
         assert status["data_path"] == "fast", status
         assert status["failures"] == 0, status
-        assert (mnt / "f").read_bytes() == b"through the link\n"
+        assert (mnt / "f").read_bytes() == b"through rebound\n"
+        # The mount table is looked at every 250 ms: a standby dropped for a mount taken for
+        # gone would show within a few looks.
+        changed = wait_for(lambda: (mounts.mount_status(target) or {}).get("standby_pid")
+                           != status["standby_pid"] or "was unmounted" in log.read_text(), 1.5)
+        assert not changed, log.read_text(errors="replace")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=STOP_TIMEOUT)

@@ -1,7 +1,9 @@
 //! Paths as rebound compares them: lexically, or by resolving only what lies above a mount
 //! point, never the mount point itself (a lookup on a FUSE mount point could wait on the very
-//! driver rebound is dealing with).
+//! driver rebound is dealing with); and the FUSE mount points the mount table names.
 
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 /// Lexical normalisation: no `.` components, `..` removes the component before it, no
@@ -28,8 +30,9 @@ pub fn mount_point_forms(path: &Path) -> Vec<PathBuf> {
     let Ok(absolute) = std::path::absolute(path) else {
         return Vec::new();
     };
-    let mut forms = vec![normalize(&absolute)];
-    let mut current = absolute;
+    // Lexically first: resolving a path that ends in `..` would enter what lies below.
+    let mut current = normalize(&absolute);
+    let mut forms = vec![current.clone()];
     // As many links as the kernel follows (MAXSYMLINKS).
     for _ in 0..40 {
         let resolved = match (current.parent(), current.file_name()) {
@@ -37,8 +40,8 @@ pub fn mount_point_forms(path: &Path) -> Vec<PathBuf> {
                 Ok(parent) => parent.join(name),
                 Err(_) => break,
             },
-            // `/` or a path ending in `..`: not a mount point of a live FUSE mount we could
-            // block on (the root, or a directory above one).
+            // `/`, or a link's target ending in `..`: not a mount point of a live FUSE mount
+            // we could block on (the root, or a directory above one).
             _ => match current.canonicalize() {
                 Ok(resolved) => resolved,
                 Err(_) => break,
@@ -64,6 +67,45 @@ pub fn in_mount_table(mountpoint: &Path) -> PathBuf {
         .unwrap_or_else(|| mountpoint.to_path_buf())
 }
 
+/// Mount points of FUSE file systems in rebound's namespace, as the mount table names them.
+pub fn fuse_mounts() -> std::io::Result<Vec<PathBuf>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let fstype = right.split_whitespace().next()?;
+            if !(fstype == "fuse" || fstype.starts_with("fuse.") || fstype == "fuseblk") {
+                return None;
+            }
+            let mountpoint = left.split_whitespace().nth(4)?;
+            Some(PathBuf::from(unescape(mountpoint)))
+        })
+        .collect())
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape(field: &str) -> OsString {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4].iter().all(u8::is_ascii_digit)
+        {
+            let code =
+                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(code);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    OsStr::from_bytes(&out).to_os_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +113,10 @@ mod tests {
     #[test]
     fn normalisation_is_lexical() {
         assert_eq!(normalize(Path::new("/a/./b/../c/")), PathBuf::from("/a/c"));
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape("/a\\040b"), OsString::from("/a b"));
     }
 }

@@ -37,6 +37,9 @@ const REDO_SNAPSHOT: u8 = 5;
 const REDO_ENTRY: u8 = 6;
 /// A checkpoint covered this many of the redo log's oldest entries (`u64`).
 const REDO_CHECKPOINT: u8 = 7;
+/// The snapshot's handles given again (`ObjectSnapshot::reissued`), right after the snapshot
+/// when there are any: the snapshot frame keeps the layout older rebounds wrote and read.
+const REISSUED: u8 = 8;
 
 /// The journal being written.
 pub(super) struct Journal {
@@ -184,6 +187,17 @@ impl Journal {
     }
 }
 
+/// The snapshot's frames: the snapshot, then the handles given again if there are any.
+fn snapshot_frames(snapshot: &ObjectSnapshot) -> io::Result<Vec<u8>> {
+    let encoded = postcard::to_stdvec(snapshot).map_err(io::Error::other)?;
+    let mut bytes = frame(SNAPSHOT, &encoded);
+    if !snapshot.reissued().is_empty() {
+        let encoded = postcard::to_stdvec(snapshot.reissued()).map_err(io::Error::other)?;
+        bytes.extend(frame(REISSUED, &encoded));
+    }
+    Ok(bytes)
+}
+
 /// Writes `journal.NUMBER` with the snapshot and what the proxy keeps beside the table.
 fn start_file(
     dir: &Path,
@@ -192,8 +206,7 @@ fn start_file(
     redo: Option<&RedoLog>,
     shared: &Shared,
 ) -> io::Result<(File, u64)> {
-    let encoded = postcard::to_stdvec(snapshot).map_err(io::Error::other)?;
-    let mut bytes = frame(SNAPSHOT, &encoded);
+    let mut bytes = snapshot_frames(snapshot)?;
     if let Some(redo) = redo {
         let encoded = postcard::to_stdvec(&redo.snapshot()).map_err(io::Error::other)?;
         bytes.extend(frame(REDO_SNAPSHOT, &encoded));
@@ -255,8 +268,15 @@ fn read_file(mut bytes: &[u8]) -> Result<Journaled, String> {
     let Some((SNAPSHOT, snapshot)) = frames.first().copied() else {
         return Err("no whole snapshot".into());
     };
-    let snapshot: ObjectSnapshot =
+    let mut snapshot: ObjectSnapshot =
         postcard::from_bytes(snapshot).map_err(|e| format!("snapshot: {e}"))?;
+    let mut frames = frames.into_iter().skip(1).peekable();
+    if let Some(&(REISSUED, body)) = frames.peek() {
+        snapshot.set_reissued(
+            postcard::from_bytes(body).map_err(|e| format!("handles given again: {e}"))?,
+        );
+        frames.next();
+    }
     let mut journaled = Journaled {
         objects: ObjectTable::from_snapshot(snapshot),
         init: None,
@@ -265,7 +285,7 @@ fn read_file(mut bytes: &[u8]) -> Result<Journaled, String> {
         redo: None,
     };
     journaled.objects.take_kernel_ids_as_drivers();
-    for (kind, body) in frames.into_iter().skip(1) {
+    for (kind, body) in frames {
         match kind {
             RECORDS => {
                 journaled.objects.replay(body).map_err(|e| e.to_string())?;
@@ -317,5 +337,32 @@ mod tests {
         );
         assert!(read_file(&bytes[5..whole]).is_err());
         assert!(read_file(&[]).is_err());
+    }
+
+    #[test]
+    fn handles_given_again_cross_the_journal_and_an_older_journal_still_reads() {
+        // A fast-mode driver gives fh 70 to node 6 before node 5's use of it is released.
+        let mut table = ObjectTable::new();
+        table.set_kernel_holds_driver_handles(true);
+        for node in [5, 6] {
+            let mut reply = 70u64.to_ne_bytes().to_vec();
+            reply.resize(16, 0);
+            let open = tracker::PendingChange::Open {
+                node,
+                flags: 2,
+                dir: false,
+            };
+            table.on_success(open, &mut reply);
+        }
+        let snapshot = table.snapshot();
+        assert!(!snapshot.reissued().is_empty());
+        let journaled = read_file(&snapshot_frames(&snapshot).unwrap()).unwrap();
+        assert!(journaled.objects.releases_an_earlier_use(70, false, 5));
+        // What a rebound before the frame of its own wrote: the snapshot frame alone, in the
+        // same layout.
+        let older = frame(SNAPSHOT, &postcard::to_stdvec(&snapshot).unwrap());
+        let journaled = read_file(&older).unwrap();
+        assert!(!journaled.objects.releases_an_earlier_use(70, false, 5));
+        assert!(journaled.objects.handle_to_driver(70, false) != tracker::ToDriver::Unknown);
     }
 }

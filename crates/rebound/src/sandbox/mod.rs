@@ -471,7 +471,8 @@ pub fn build(
 /// mount: they are detached, the driver's own mount among them (it is not mounted where the
 /// driver starts).
 fn detach_fuse_copies(inside: &impl Fn(&Path) -> CString) -> Vec<Step> {
-    fuse_mounts()
+    crate::paths::fuse_mounts()
+        .unwrap_or_default()
         .into_iter()
         .map(|fuse_mount| Step::Detach(inside(&fuse_mount)))
         .collect()
@@ -663,46 +664,6 @@ fn secrets() -> Vec<PathBuf> {
     files
 }
 
-/// Mount points of FUSE file systems in rebound's namespace.
-fn fuse_mounts() -> Vec<PathBuf> {
-    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            let fstype = right.split_whitespace().next()?;
-            if !(fstype == "fuse" || fstype.starts_with("fuse.") || fstype == "fuseblk") {
-                return None;
-            }
-            let mountpoint = left.split_whitespace().nth(4)?;
-            Some(PathBuf::from(unescape(mountpoint)))
-        })
-        .collect()
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape(field: &str) -> OsString {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4].iter().all(u8::is_ascii_digit)
-        {
-            let code =
-                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(code);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    OsStr::from_bytes(&out).to_os_string()
-}
-
 fn c_path(path: &Path) -> CString {
     // Paths from the OS or the config file hold no NUL byte.
     CString::new(path.as_os_str().as_bytes()).unwrap_or_default()
@@ -713,8 +674,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape("/a\\040b"), OsString::from("/a b"));
+    fn ancestors_run_from_the_top() {
         assert_eq!(
             ancestors(Path::new("/a/b")),
             [Path::new("/a"), Path::new("/a/b")]

@@ -320,11 +320,13 @@ impl Run<'_> {
                 // A daemonizing driver's parent exits once its daemon runs; a look at /proc
                 // right then once found neither holding the connection (sshfs, once in 16
                 // runs of the suite), and its daemon served a run that was stopping.
+                // (A standby without a cgroup of its own shares the driver's.)
+                let standby = self.standby_processes();
                 let left = match &self.cgroup {
                     Some(cgroup) => cgroup.processes(),
-                    None => process::descendants_except(&self.standby_processes()),
+                    None => process::descendants_except(&standby),
                 };
-                if !left.is_empty() {
+                if left.iter().any(|pid| !standby.contains(pid)) {
                     return;
                 }
                 // It left before it answered INIT (sshfs that cannot reach its server): as in

@@ -716,10 +716,8 @@ impl Run<'_> {
         let Some(s) = self.served.as_ref().filter(|s| s.mounted_by_helper) else {
             return;
         };
-        let needle = format!(" {} ", s.in_mount_table.display());
-        let mounted = std::fs::read_to_string("/proc/self/mountinfo")
-            .map(|t| t.lines().any(|l| l.contains(&needle)))
-            .unwrap_or(true);
+        // (Unreadable: taken as still mounted.)
+        let mounted = crate::paths::fuse_mounts().map_or(true, |m| m.contains(&s.in_mount_table));
         if mounted {
             return;
         }

@@ -195,9 +195,9 @@ impl Run<'_> {
             self.restarts.pop_front();
         }
         let recent = self.restarts.len() as u32;
-        // (A first driver replaced for its filter is no failure the budget is for.)
-        let falling_back = std::mem::take(&mut self.falling_back);
-        if recent >= self.config.restart_budget && !falling_back {
+        // (A first driver replaced for its filter is no failure the budget is for; the flag
+        // is taken when the restart starts, which then counts nothing either.)
+        if recent >= self.config.restart_budget && !self.falling_back {
             self.budget_spent();
             return;
         }

@@ -139,7 +139,9 @@ impl Run<'_> {
                 self.next_restart();
             }
             Phase::Recovering(Step::Backoff { until }) if now >= *until => {
-                self.restarts.push_back(now);
+                if !std::mem::take(&mut self.falling_back) {
+                    self.restarts.push_back(now);
+                }
                 self.recovery_phase_done("backoff");
                 // A standby on a spare of the image takes over with the spare as the image;
                 // any other successor finds the image rolled back to the last checkpoint.

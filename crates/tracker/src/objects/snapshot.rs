@@ -17,13 +17,29 @@ pub struct ObjectSnapshot {
     handles: Vec<(u64, bool, u64, u32, Option<u64>)>,
     /// `(fh, lock requests)`.
     locks: Vec<(u64, Vec<Vec<u8>>)>,
-    /// `(fh, is_dir, nodes)`: handles the first driver gave again while the release of their
-    /// earlier uses on `nodes` was still to be seen (`ObjectTable::reissued`). (Absent from a
-    /// predecessor's older hand-over: none.)
-    #[serde(default)]
-    reissued: Vec<(u64, bool, Vec<u64>)>,
+    /// Handles the first driver gave again while the release of their earlier uses was still
+    /// to be seen (`ObjectTable::reissued`). Not in the snapshot's own encoding, whose layout
+    /// journals of older rebounds fix (postcard has no optional fields): a journal carries
+    /// them in a frame of their own ([`ObjectSnapshot::reissued`], [`ObjectSnapshot::set_reissued`]).
+    #[serde(skip)]
+    reissued: Reissued,
     next_fresh: u64,
     generation: u64,
+}
+
+/// `(fh, is_dir, nodes)`: each handle value given again, with the nodes of its earlier uses.
+pub type Reissued = Vec<(u64, bool, Vec<u64>)>;
+
+impl ObjectSnapshot {
+    /// The handles given again (see the field): encoded apart from the snapshot.
+    pub fn reissued(&self) -> &Reissued {
+        &self.reissued
+    }
+
+    /// Puts back the handles given again, as decoded apart from the snapshot.
+    pub fn set_reissued(&mut self, reissued: Reissued) {
+        self.reissued = reissued;
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
