@@ -426,6 +426,9 @@ def summarize(rows):
                 (d is not None and d["outcome"] == "not_injected"):
             s["not_injected"] += 1
             continue
+        if rb["outcome"] == "not_applicable":  # corrupt in fast mode: nothing crosses rebound
+            s["not_applicable"] = s.get("not_applicable", 0) + 1
+            continue
         s["trials"] += 1
         rb_fail = rb["outcome"] in FAILURES
         s["rebound"][rb["outcome"]] += 1

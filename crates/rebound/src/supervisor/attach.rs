@@ -7,7 +7,7 @@
 //! calls themselves (that is `intercept`) or touch FUSE messages (that is the proxy).
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use rebound_sys::seccomp;
@@ -16,6 +16,11 @@ use super::intercept::{self, Intercepted};
 use super::{process, Phase, Run, Served, Step};
 use crate::config::Profile;
 use crate::proxy::{Proxy, ProxyOptions};
+
+/// How long a fast-mode driver that unmounted by itself has to exit before its connection is
+/// ended: one that fails on its way out does so within milliseconds (sshfs, a Rust driver's
+/// panic unwinding into its unmount).
+const UNMOUNTED_DRIVER_EXIT: Duration = Duration::from_millis(500);
 
 impl Run<'_> {
     pub(super) fn on_intercepted_call(&mut self) -> anyhow::Result<()> {
@@ -157,13 +162,26 @@ impl Run<'_> {
             } => self.attach(channel, channel_inode, caller, None)?,
             Intercepted::Unmounted => {
                 // The driver is done with the mount; its reader threads must not wait for
-                // requests that will never come.
-                if let Some(s) = &self.served {
-                    s.proxy.disconnect_driver();
+                // requests that will never come. In fast mode that ends the kernel's
+                // connection, after which no restart can serve the mount: a driver that
+                // unmounts by itself while serving first gets a moment to exit, since one
+                // that then fails (sshfs whose ssh died exits 1) is restarted instead.
+                let serving = !matches!(self.phase, Phase::Stopping { .. });
+                let beside = self.served.as_ref().is_some_and(|s| s.proxy.is_beside());
+                if !(serving && beside) {
+                    if let Some(s) = &self.served {
+                        s.proxy.disconnect_driver();
+                    }
                 }
-                if !matches!(self.phase, Phase::Stopping { .. }) {
+                if serving {
                     tracing::info!("the driver unmounted its file system");
                     self.phase = self.stopping(false, 0);
+                    if let Phase::Stopping {
+                        end_connection_at, ..
+                    } = &mut self.phase
+                    {
+                        *end_connection_at = beside.then(|| Instant::now() + UNMOUNTED_DRIVER_EXIT);
+                    }
                 }
             }
             Intercepted::Denied(name) => {

@@ -216,11 +216,18 @@ impl Run<'_> {
             }
             if pid != self.driver_pid {
                 // The daemon a driver became: how it ended is the failure's cause (the
-                // process rebound started exited 0 when it daemonized).
-                // (Only while it serves: a stopping driver's status is the leader's.)
-                if matches!(self.phase, Phase::Serving)
-                    && Some(pid) == self.board.snapshot().driver_pid
-                {
+                // process rebound started exited 0 when it daemonized). Only while it serves,
+                // or stops because it unmounted by itself (sshfs whose ssh died unmounts and
+                // exits 1: restarted); a driver rebound stopped ends with its leader's status.
+                let its_own = matches!(
+                    self.phase,
+                    Phase::Serving
+                        | Phase::Stopping {
+                            driver_initiated: true,
+                            ..
+                        }
+                );
+                if its_own && Some(pid) == self.board.snapshot().driver_pid {
                     tracing::info!("the driver's serving process {pid} ended ({exit})");
                     self.driver_exit = Some(exit);
                 }

@@ -79,6 +79,9 @@ enum Phase {
         /// Once the mount is gone: since when the driver's processes have made no progress,
         /// and how far they had got then (see `Run::kill_if_stuck`).
         quiet: Option<(Instant, u64)>,
+        /// Fast mode, a driver that unmounted by itself: when its connection is ended, unless
+        /// it has exited by then (see `Intercepted::Unmounted` in `attach`).
+        end_connection_at: Option<Instant>,
     },
 }
 

@@ -202,6 +202,7 @@ impl Run<'_> {
             exit_code,
             driver_initiated: !signal,
             quiet: None,
+            end_connection_at: None,
         }
     }
 }

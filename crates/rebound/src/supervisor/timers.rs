@@ -233,6 +233,16 @@ impl Run<'_> {
                 self.board.update(|b| b.state = "recovering".into());
             }
             Phase::Stopping {
+                end_connection_at: at @ Some(_),
+                ..
+            } if at.is_some_and(|at| now >= at) => {
+                *at = None;
+                // Still running: it waits for its reads to end, as after a real unmount.
+                if let Some(s) = &self.served {
+                    s.proxy.disconnect_driver();
+                }
+            }
+            Phase::Stopping {
                 deadline, killed, ..
             } if now >= *deadline && !*killed => {
                 tracing::warn!(
