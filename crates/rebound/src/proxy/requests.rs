@@ -115,20 +115,22 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
         }
         _ => {}
     }
-    if let Some((fh, true, node)) = info.release {
-        // (Not for an earlier use of a value the driver gave again: the mark is the later
-        // use's.)
-        if !shared.objects().releases_an_earlier_use(fh, true, node) {
-            recovery::forget_unprimed(shared, fh);
-        }
-    }
     if matches!(info.opcode, Some(Opcode::Readdir | Opcode::Readdirplus)) {
         recovery::prime_reopened_directory(shared, msg, &info.fields, &info.change);
     }
-    // RELEASE lets go of the handle at once, whatever the driver answers.
-    let released = info
-        .release
-        .map(|(fh, dir, node)| shared.objects().release(fh, dir, node));
+    // RELEASE lets go of the handle at once, whatever the driver answers. Whether it releases
+    // an earlier use of a value the driver gave again is decided under the same lock, so
+    // that two releases of the value on two queues cannot both take themselves for it.
+    let released = info.release.map(|(fh, dir, node)| {
+        let mut objects = shared.objects();
+        let earlier = objects.releases_an_earlier_use(fh, dir, node);
+        (fh, dir, earlier, objects.release(fh, dir, node))
+    });
+    if let Some((fh, true, false, _)) = released {
+        // (Not for an earlier use: the directory's listing mark is the later use's.)
+        recovery::forget_unprimed(shared, fh);
+    }
+    let released = released.map(|(.., to_driver)| to_driver);
     if released == Some(ToDriver::Lost) {
         // The handle died with an earlier driver, or this releases an earlier use of a value
         // the driver gave again: there is nothing left to close.
