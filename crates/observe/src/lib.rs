@@ -472,7 +472,9 @@ pub fn connection_of(mountpoint: &Path) -> Result<u32, ObserveError> {
             // id parent major:minor root mountpoint options... - fstype source super-options
             let fields: Vec<&str> = line.split(' ').collect();
             let fstype = fields.iter().skip_while(|f| **f != "-").nth(1)?;
-            (unescape(fields.get(4)?) == wanted && fstype.starts_with("fuse")).then_some(fields[2])
+            let mountpoint =
+                String::from_utf8_lossy(&unescape_mount_field(fields.get(4)?)).into_owned();
+            (mountpoint == wanted && fstype.starts_with("fuse")).then_some(fields[2])
         })
         .and_then(|dev| {
             let (major, minor) = dev.split_once(':')?;
@@ -481,8 +483,9 @@ pub fn connection_of(mountpoint: &Path) -> Result<u32, ObserveError> {
         .ok_or_else(|| ObserveError::NotFuse(wanted.into_owned()))
 }
 
-/// A mountinfo field with its octal escapes (`\040` for a space) undone.
-fn unescape(field: &str) -> String {
+/// A mountinfo field with its octal escapes (`\040` for a space) undone: the path's bytes.
+/// (Here because the observer finds its mount by the table; rebound's `paths` uses it too.)
+pub fn unescape_mount_field(field: &str) -> Vec<u8> {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -504,7 +507,7 @@ fn unescape(field: &str) -> String {
             }
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
 }
 
 /// Where `fuse_dev_do_read` lies (its address and the next symbol's), from /proc/kallsyms.
@@ -579,9 +582,9 @@ mod tests {
 
     #[test]
     fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape(r"/mnt/my\040disk"), "/mnt/my disk");
-        assert_eq!(unescape(r"/a\134b"), r"/a\b");
-        assert_eq!(unescape(r"/plain\"), r"/plain\");
+        assert_eq!(unescape_mount_field(r"/mnt/my\040disk"), b"/mnt/my disk");
+        assert_eq!(unescape_mount_field(r"/a\134b"), br"/a\b");
+        assert_eq!(unescape_mount_field(r"/plain\"), br"/plain\");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! point, never the mount point itself (a lookup on a FUSE mount point could wait on the very
 //! driver rebound is dealing with); and the FUSE mount points the mount table names.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -79,31 +79,10 @@ pub fn fuse_mounts() -> std::io::Result<Vec<PathBuf>> {
                 return None;
             }
             let mountpoint = left.split_whitespace().nth(4)?;
-            Some(PathBuf::from(unescape(mountpoint)))
+            let bytes = rebound_observe::unescape_mount_field(mountpoint);
+            Some(PathBuf::from(OsStr::from_bytes(&bytes)))
         })
         .collect())
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape(field: &str) -> OsString {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4].iter().all(u8::is_ascii_digit)
-        {
-            let code =
-                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(code);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    OsStr::from_bytes(&out).to_os_string()
 }
 
 #[cfg(test)]
@@ -113,10 +92,5 @@ mod tests {
     #[test]
     fn normalisation_is_lexical() {
         assert_eq!(normalize(Path::new("/a/./b/../c/")), PathBuf::from("/a/c"));
-    }
-
-    #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape("/a\\040b"), OsString::from("/a b"));
     }
 }
