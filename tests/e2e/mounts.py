@@ -769,10 +769,13 @@ class Mount:
         assert left, f"processes left behind: {self.leftover_processes()}"
         if DRIVERS[self.driver][1] == "image":
             ok, report = e2fsck(self.img)
-            assert ok, f"e2fsck -fn {self.img} after {self.describe()}:\n{report}"
+            # With what rebound logged: whether it had to kill the driver on its way out.
+            assert ok, (f"e2fsck -fn {self.img} after {self.describe()}:\n{report}\n"
+                        f"--- output ---\n{self.output()[-4000:]}")
         if DRIVERS[self.driver][1] == "ntfs":
             ok, report = ntfsfix(self.img)
-            assert ok, f"ntfsfix -n {self.img} after {self.describe()}:\n{report}"
+            assert ok, (f"ntfsfix -n {self.img} after {self.describe()}:\n{report}\n"
+                        f"--- output ---\n{self.output()[-4000:]}")
 
     def cleanup(self):
         """Whatever state things are in: no process, no mount, no directory left. A mount still

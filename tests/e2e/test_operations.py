@@ -19,6 +19,7 @@ Owns the proof of:
     rebound at the kill.
 """
 
+import ctypes
 import os
 import re
 import shutil
@@ -717,3 +718,54 @@ def test_a_run_killed_with_its_keeper_leaves_no_observer_attached(mount):
         mounts.umount(first.mnt)
         mounts.kill_all(list(first.leftover_processes()))
         first.stopped, first.returncode = True, None
+
+
+def attached_bpf_links():
+    """The tracepoint of each BPF link of the host (whoever holds it: a process, or a pin)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    sys_bpf, link_get_fd_by_id, link_get_next_id = 321, 30, 31
+    found, at = [], 0
+    while True:
+        attr = (ctypes.c_uint32 * 4)(at, 0, 0, 0)
+        if libc.syscall(sys_bpf, link_get_next_id, attr, ctypes.sizeof(attr)) != 0:
+            return found
+        at = attr[1]
+        fd = libc.syscall(sys_bpf, link_get_fd_by_id, (ctypes.c_uint32 * 4)(at, 0, 0, 0), 16)
+        if fd < 0:  # gone since
+            continue
+        try:
+            info = Path(f"/proc/self/fdinfo/{fd}").read_text()
+            found += re.findall(r"^tp_name:\s*(\S+)", info, re.M)
+        finally:
+            os.close(fd)
+
+
+def test_fast_mode_runs_share_one_kfree_program_and_each_sees_its_forgets(mount):
+    """A driver's forgets are seen only at kfree, where a program runs at every kfree of the
+    host: fast-mode runs share one (pinned in /sys/fs/bpf/rebound/forgets), each seeing the
+    forgets of its own driver, and the last run to stop detaches it."""
+    shared = Path("/sys/fs/bpf/rebound/forgets")
+    fast = 'mode = "fast"\n'
+    with mount("passthrough_ll", "rebound", config=fast) as a:
+        assert wait_serving(a)["data_path"] == "fast"
+        if not any(line.split()[1:3] == ["/sys/fs/bpf", "bpf"]
+                   for line in Path("/proc/mounts").read_text().splitlines()):
+            pytest.skip("no BPF file system on /sys/fs/bpf: nothing can be shared")
+        assert (shared / "link").exists(), explain(a, f"no shared forget program in {shared}")
+        one = attached_bpf_links().count("kfree")
+        with mount("passthrough_ll", "rebound", config=fast) as b:
+            assert wait_serving(b)["data_path"] == "fast"
+            assert attached_bpf_links().count("kfree") == one, \
+                explain(b, "a second run attached a kfree program of its own")
+            for m in (a, b):
+                for i in range(40):
+                    (m.mnt / f"f{i}").write_text("x")
+                assert mounts.wait_for(lambda: mount_status(m.mnt)["nodes"] >= 40, 5), \
+                    explain(m, "the files' nodes are not tracked")
+                # An unlinked file's inode is evicted at once, and its lookup forgotten.
+                for i in range(40):
+                    (m.mnt / f"f{i}").unlink()
+                assert mounts.wait_for(lambda: mount_status(m.mnt)["nodes"] < 5, 5), \
+                    explain(m, "the driver's forgets did not reach the tracker")
+    assert not shared.exists(), "the last run to stop left the shared forget program pinned"
+    assert attached_bpf_links().count("kfree") == one - 1, "the shared program stayed attached"

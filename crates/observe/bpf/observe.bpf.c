@@ -32,7 +32,9 @@ static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
 static void *(*bpf_get_current_task_btf)(void) = (void *)158;
 static void *(*bpf_task_pt_regs)(void *task) = (void *)175;
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
+static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 flags) = (void *)130;
 #define BPF_RB_NO_WAKEUP 1
+#define BPF_MAP_TYPE_HASH 1
 #define BPF_MAP_TYPE_RINGBUF 27
 #define BPF_MAP_TYPE_ARRAY 2
 #define BPF_MAP_TYPE_PERCPU_ARRAY 6
@@ -52,6 +54,7 @@ struct fuse_req { struct fuse_args *args; struct { struct fuse_in_header h; } in
 struct fuse_forget_one { __u64 nodeid; __u64 nlookup; } CORE;
 struct fuse_forget_link { struct fuse_forget_one forget_one; } CORE;
 struct pt_regs { unsigned long dx; unsigned long si; unsigned long orig_ax; } CORE;
+struct task_struct { int tgid; struct task_struct *real_parent; } CORE;
 struct iovec { void *iov_base; __u64 iov_len; };
 
 #define FUSE_GETATTR 3
@@ -329,14 +332,26 @@ int request_end(__u64 *ctx)
 
 // FORGETs are not requests and pass no tracepoint; fuse_dev_do_read frees each forget link it
 // hands to a driver. (Which connection it was is not known here: user space keeps the forgets
-// of node ids it has seen looked up on the observed one.)
+// of node ids it has seen looked up on the observed one.) Two programs see them:
+// - forget_read, one per observer, puts each in the observer's own ring (`rebound observe`, and
+//   a run that cannot share forget_share);
+// - forget_share, one for the whole host, shared by every fast-mode run: a program on kfree
+//   runs at every kfree of the host, about 50 ns each, so one per run made each fast-mode mount
+//   cost work that never touches FUSE about 1.7% of this 2-CPU machine
+//   (bench/results/host-tax-2026-11-29.md). Each run has a slot: its pid in forget_owners, and
+//   the ring forgets<slot>. A forget goes to the slot of the reader or its nearest ancestor
+//   there (a run's drivers are its descendants); the others are dropped.
+static __attribute__((always_inline)) int in_fuse_dev_do_read(__u64 *ctx)
+{
+    return ctx[0] >= READ_LO && ctx[0] < READ_HI;
+}
+
 SEC("tp_btf/kfree")
 int forget_read(__u64 *ctx)
 {
-    __u64 call_site = ctx[0];
-    struct fuse_forget_link *link = (void *)ctx[1];
-    if (call_site < READ_LO || call_site >= READ_HI)
+    if (!in_fuse_dev_do_read(ctx))
         return 0;
+    struct fuse_forget_link *link = (void *)ctx[1];
     struct event *e = new_event(FORGET);
     if (!e)
         return 0;
@@ -344,5 +359,78 @@ int forget_read(__u64 *ctx)
     READ(e->count, link->forget_one.nlookup);
     e->reader = bpf_get_current_pid_tgid() >> 32;
     bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    return 0;
+}
+
+#define FORGET_SLOTS 16
+// How far up from the reader a run's pid is looked for: a driver is the run's child, or a
+// grandchild that daemonized under it; forks of those go deeper.
+#define ANCESTORS 8
+
+// pid of a run -> its slot. Pinned with forget_share, so that every run finds it.
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, FORGET_SLOTS);
+    __u32 *key;
+    __u32 *value;
+} forget_owners SEC(".maps");
+
+// What a slot's ring holds: one forget.
+struct forget_record {
+    __u32 kind;    // FORGET
+    __u32 reader;  // the process that read it
+    __u64 node;
+    __u64 count;
+};
+
+// The slots' rings (a ring has one consumer, so one each). The loader makes them one page
+// when the host's forget_share is already attached, as this object's are then not used.
+#define FORGET_RING(n)                                \
+    struct {                                          \
+        __uint(type, BPF_MAP_TYPE_RINGBUF);           \
+        __uint(max_entries, 1 << 16);                 \
+    } forgets##n SEC(".maps");
+FORGET_RING(0) FORGET_RING(1) FORGET_RING(2) FORGET_RING(3)
+FORGET_RING(4) FORGET_RING(5) FORGET_RING(6) FORGET_RING(7)
+FORGET_RING(8) FORGET_RING(9) FORGET_RING(10) FORGET_RING(11)
+FORGET_RING(12) FORGET_RING(13) FORGET_RING(14) FORGET_RING(15)
+
+#define OUTPUT_TO(n) \
+    case n:          \
+        return bpf_ringbuf_output(&forgets##n, r, sizeof(*r), BPF_RB_NO_WAKEUP);
+
+static __attribute__((always_inline)) long output_to_slot(__u32 slot, struct forget_record *r)
+{
+    switch (slot) {
+        OUTPUT_TO(0) OUTPUT_TO(1) OUTPUT_TO(2) OUTPUT_TO(3)
+        OUTPUT_TO(4) OUTPUT_TO(5) OUTPUT_TO(6) OUTPUT_TO(7)
+        OUTPUT_TO(8) OUTPUT_TO(9) OUTPUT_TO(10) OUTPUT_TO(11)
+        OUTPUT_TO(12) OUTPUT_TO(13) OUTPUT_TO(14) OUTPUT_TO(15)
+    }
+    return 0;
+}
+
+SEC("tp_btf/kfree")
+int forget_share(__u64 *ctx)
+{
+    if (!in_fuse_dev_do_read(ctx))
+        return 0;
+    struct task_struct *task = bpf_get_current_task_btf();
+    __u32 *slot = 0;
+    for (int i = 0; i < ANCESTORS && task && !slot; i++) {
+        __u32 tgid = 0;
+        READ(tgid, task->tgid);
+        slot = bpf_map_lookup_elem(&forget_owners, &tgid);
+        struct task_struct *parent = 0;
+        READ(parent, task->real_parent);
+        task = parent;
+    }
+    if (!slot)
+        return 0;
+    struct fuse_forget_link *link = (void *)ctx[1];
+    struct forget_record r = {.kind = FORGET, .reader = bpf_get_current_pid_tgid() >> 32};
+    READ(r.node, link->forget_one.nodeid);
+    READ(r.count, link->forget_one.nlookup);
+    output_to_slot(*slot, &r);
     return 0;
 }

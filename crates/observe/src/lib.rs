@@ -19,12 +19,18 @@ use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::BtfTracePoint;
 use aya::{Btf, Ebpf, EbpfLoader};
 
-/// The programs, with the tracepoints they attach to.
-const PROGRAMS: [(&str, &str); 3] = [
+mod shared;
+
+/// The programs, with the tracepoints they attach to. Each observer attaches the first two;
+/// forgets are seen by the host's shared program (see [`shared`]) or, where the observer
+/// cannot share it, by its own `forget_read`.
+const PROGRAMS: [(&str, &str); 4] = [
     ("request_send", "fuse_request_send"),
     ("request_end", "fuse_request_end"),
-    ("forget_read", "kfree"),
+    (FORGET_READ, "kfree"),
+    (shared::PROGRAM, "kfree"),
 ];
+const FORGET_READ: &str = "forget_read";
 /// The maps a pinned observer pins (see [`Observer::attach`]): what a successor reads.
 const PINNED_MAPS: [&str; 1] = ["events"];
 
@@ -141,6 +147,13 @@ pub struct Observer {
     /// Where its programs and maps are pinned, if they are (see [`Observer::attach`]).
     pinned: Option<(PathBuf, Vec<PinnedLink>)>,
     scratch: Scratch,
+    /// Its slot of the host's shared forget program, if it has one (else its own
+    /// `forget_read` puts forgets in its ring).
+    slot: Option<shared::Slot>,
+    /// Why it has none though asked to share, for the caller to say.
+    not_shared: Option<String>,
+    /// Forgets taken from the slot, until handed over.
+    forgets: Vec<(u64, u64, u32)>,
 }
 
 impl Drop for Observer {
@@ -167,6 +180,13 @@ pub fn remove_pins(dir: &Path) {
         }
     }
     let _ = std::fs::remove_dir(dir);
+}
+
+/// This process leaves its slot of the host's shared forget program pinned in `dir` (see
+/// [`Observer::attach`]), as dropping its observer does: for a process that ends without.
+/// The last live run to leave detaches the program.
+pub fn leave_shared_forgets(dir: &Path) {
+    shared::leave(dir, std::process::id());
 }
 
 /// What a pinned observer in `dir` holds that was never drained, its process having died;
@@ -196,13 +216,17 @@ impl Observer {
     /// the root; the others are only counted ([`Observer::ended`]). With `pin` (a directory to
     /// make on a BPF file system), its programs and maps are pinned there: should this
     /// process die, they stay attached, and [`drain_pinned`] gives what it had not drained.
+    /// With `shared` (a directory on a BPF file system), the forgets its process's
+    /// descendants read come from the host's one forget program, pinned there (see
+    /// [`shared`]); without, from its own, which reports every forget of the host.
     /// [`LoadedObserver::load`] then [`LoadedObserver::attach`], in one.
     pub fn attach(
         mountpoint: &Path,
         wanted: u64,
         pin: Option<&Path>,
+        shared: Option<&Path>,
     ) -> Result<Observer, ObserveError> {
-        LoadedObserver::load(wanted)?.attach(mountpoint, pin)
+        LoadedObserver::load(wanted, shared)?.attach(mountpoint, pin)
     }
 }
 
@@ -212,17 +236,29 @@ impl Observer {
 /// its mode while it still can. Attaching it to a mount is then quick.
 pub struct LoadedObserver {
     bpf: Ebpf,
+    shared: Option<PathBuf>,
 }
 
 impl LoadedObserver {
-    /// Loads the observer's programs, to report the opcodes in `wanted` (see
-    /// [`Observer::attach`]).
-    pub fn load(wanted: u64) -> Result<LoadedObserver, ObserveError> {
+    /// Loads the observer's programs, to report the opcodes in `wanted`, and to share the
+    /// host's forget program pinned in `shared` (see [`Observer::attach`]).
+    pub fn load(wanted: u64, shared: Option<&Path>) -> Result<LoadedObserver, ObserveError> {
         let (read_lo, read_hi) = forget_site()?;
-        let mut bpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .set_global("READ_LO", &read_lo, true)
             .set_global("READ_HI", &read_hi, true)
-            .set_global("WANTED", &wanted, true)
+            .set_global("WANTED", &wanted, true);
+        // The slots' rings of this object serve only if it is the first to share: else they
+        // are a page each (the least a ring can be).
+        let rings: Vec<String> = shared::ring_names().collect();
+        if shared.is_some_and(shared::attached) {
+            let page = rustix::param::page_size() as u32;
+            for ring in &rings {
+                loader.set_max_entries(ring, page);
+            }
+        }
+        let mut bpf = loader
             .load(PROGRAM)
             .map_err(|e| ObserveError::Load(e.to_string()))?;
         let btf = Btf::from_sys_fs().map_err(|e| ObserveError::Load(e.to_string()))?;
@@ -235,7 +271,10 @@ impl LoadedObserver {
                 .map_err(|e: aya::programs::ProgramError| failed(&e))?;
             p.load(tracepoint, &btf).map_err(|e| failed(&e))?;
         }
-        Ok(LoadedObserver { bpf })
+        Ok(LoadedObserver {
+            bpf,
+            shared: shared.map(Path::to_path_buf),
+        })
     }
 
     /// Attaches the programs to the FUSE connection mounted at `mountpoint` (see
@@ -251,8 +290,19 @@ impl LoadedObserver {
         aya::maps::Array::<_, u32>::try_from(variables)
             .and_then(|mut variables| variables.set(0, connection, 0))
             .map_err(|e| ObserveError::Load(format!("setting the connection: {e}")))?;
+        let (slot, not_shared) = match &self.shared {
+            Some(dir) => match shared::Slot::join(&mut bpf, dir) {
+                Ok(slot) => (Some(slot), None),
+                Err(e) => (None, Some(e)),
+            },
+            None => (None, None),
+        };
         let mut links = Vec::new();
         for (program, tracepoint) in PROGRAMS {
+            // The shared program is attached by `Slot::join`, once for the host.
+            if program == shared::PROGRAM || (program == FORGET_READ && slot.is_some()) {
+                continue;
+            }
             let attach = |bpf: &mut Ebpf| -> Result<Option<FdLink>, String> {
                 let p: &mut BtfTracePoint = bpf
                     .program_mut(program)
@@ -304,6 +354,9 @@ impl LoadedObserver {
             mountpoint: mountpoint.to_path_buf(),
             pinned,
             scratch: Scratch::default(),
+            slot,
+            not_shared,
+            forgets: Vec::new(),
         })
     }
 }
@@ -363,13 +416,32 @@ impl Observer {
         events
     }
 
-    /// As [`Observer::drain`], handing each event to `each` as it is read.
+    /// As [`Observer::drain`], handing each event to `each` as it is read. Forgets from the
+    /// shared program's slot come after the requests: taken first, they are handed over once
+    /// every request that ended before them is (a driver reads a forget only of lookups whose
+    /// replies the kernel took, each seen ending before).
     pub fn drain_with(&mut self, mut each: impl FnMut(Seen<'_>)) {
+        if let Some(slot) = &self.slot {
+            slot.take(&mut self.forgets);
+        }
         while let Some(record) = self.ring.next() {
             if let Some(seen) = parse_record(&record, &mut self.scratch) {
                 each(seen);
             }
         }
+        for (node, count, reader) in self.forgets.drain(..) {
+            each(Seen::Forget {
+                node,
+                count,
+                reader,
+            });
+        }
+    }
+
+    /// Why forgets are seen by this observer's own program though it was asked to share the
+    /// host's (no BPF file system, every slot taken), if they are.
+    pub fn not_shared(&self) -> Option<&str> {
+        self.not_shared.as_deref()
     }
 }
 
@@ -405,6 +477,9 @@ fn pin_all(
     Ok(pinned)
 }
 
+/// A record's kind (`enum kind` in the program) for a forget.
+const FORGET: u32 = 1;
+
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default())
 }
@@ -420,7 +495,6 @@ fn parse_record<'a>(b: &[u8], scratch: &'a mut Scratch) -> Option<Seen<'a>> {
         return None;
     }
     const REQUEST_END: u32 = 0;
-    const FORGET: u32 = 1;
     const ENTRIES_END: u32 = 2;
     match u32_at(b, 0) {
         kind @ (REQUEST_END | ENTRIES_END) => {

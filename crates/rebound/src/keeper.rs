@@ -435,6 +435,12 @@ pub fn pins_of(pid: u32) -> PathBuf {
     PathBuf::from(BPF_FS).join("rebound").join(pid.to_string())
 }
 
+/// Where the host's one forget program is pinned, shared by every fast-mode run
+/// (`rebound_observe`'s `shared`): `/sys/fs/bpf/rebound/forgets`.
+pub fn shared_forget_pins() -> PathBuf {
+    PathBuf::from(BPF_FS).join("rebound").join("forgets")
+}
+
 /// [`pins_of`] this run, with the BPF file system mounted at `/sys/fs/bpf` if it was not;
 /// `None` (said why) if it cannot be: the observer is then not pinned, and rebound's death
 /// before the driver's first failure loses what it had not yet drained. The run's `keeper`

@@ -21,7 +21,12 @@ use rebound_observe::{Event, Observer};
 const DRAIN_EVERY: Duration = Duration::from_millis(20);
 
 pub fn run(mountpoint: &Path, seconds: Option<u64>) -> anyhow::Result<()> {
-    let mut observer = Observer::attach(&crate::paths::in_mount_table(mountpoint), u64::MAX, None)?;
+    let mut observer = Observer::attach(
+        &crate::paths::in_mount_table(mountpoint),
+        u64::MAX,
+        None,
+        None,
+    )?;
     eprintln!(
         "observing {}{}",
         mountpoint.display(),

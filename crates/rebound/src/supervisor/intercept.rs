@@ -422,6 +422,12 @@ fn mount_for_driver(
             })
             .ok()
     });
+    if let Some(why) = observer.as_ref().and_then(|o| o.not_shared()) {
+        tracing::warn!(
+            "the host's shared forget program cannot be used ({why}): this run sees forgets \
+             with a program of its own, which runs at every kfree of the host"
+        );
+    }
     let installed = match observer {
         Some(_) => install_clone(listener, notif, kernel.as_fd(), driver_fd, cloexec),
         None => install_channel(listener, notif, driver_fd, cloexec),

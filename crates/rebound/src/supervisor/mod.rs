@@ -285,7 +285,8 @@ pub fn run(
     // rebound's channel are seen).
     let observer = (succession.is_none() && config.fast())
         .then(|| {
-            rebound_observe::LoadedObserver::load(crate::proxy::observed_opcodes())
+            let shared = crate::keeper::shared_forget_pins();
+            rebound_observe::LoadedObserver::load(crate::proxy::observed_opcodes(), Some(&shared))
                 .inspect_err(|e| {
                     tracing::warn!("mode = \"fast\" is not available here, serving guarded: {e}")
                 })

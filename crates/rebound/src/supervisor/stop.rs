@@ -79,9 +79,11 @@ impl Run<'_> {
     }
 
     /// The run is over and no driver process is left: its log lines are written, its cgroup
-    /// removed.
+    /// removed, its slot of the host's forget program given up (which the last run to stop
+    /// detaches).
     pub(super) fn finish(&mut self) {
         self.end_keeping();
+        rebound_observe::leave_shared_forgets(&crate::keeper::shared_forget_pins());
         for logger in self.stderr_loggers.drain(..) {
             let _ = logger.join();
         }
