@@ -714,6 +714,9 @@ def test_a_run_killed_with_its_keeper_leaves_no_observer_attached(mount):
         with mount("passthrough_ll", "rebound", config='mode = "fast"\n') as second:
             assert wait_serving(second)["data_path"] == "fast"
             assert not pins.exists(), explain(second, f"{pins} stayed")
+        # The dead run's slot of the host's shared kfree program is freed by the second, so
+        # the second's stop detaches the program.
+        assert not (pins_root / "forgets-1").exists(), "the shared forget program stayed pinned"
         # The first driver serves on, alone: it goes as after any unmount, its standby with it.
         mounts.umount(first.mnt)
         mounts.kill_all(list(first.leftover_processes()))
@@ -742,9 +745,9 @@ def attached_bpf_links():
 
 def test_fast_mode_runs_share_one_kfree_program_and_each_sees_its_forgets(mount):
     """A driver's forgets are seen only at kfree, where a program runs at every kfree of the
-    host: fast-mode runs share one (pinned in /sys/fs/bpf/rebound/forgets), each seeing the
+    host: fast-mode runs share one (pinned in /sys/fs/bpf/rebound/forgets-1), each seeing the
     forgets of its own driver, and the last run to stop detaches it."""
-    shared = Path("/sys/fs/bpf/rebound/forgets")
+    shared = Path("/sys/fs/bpf/rebound/forgets-1")
     fast = 'mode = "fast"\n'
     with mount("passthrough_ll", "rebound", config=fast) as a:
         assert wait_serving(a)["data_path"] == "fast"

@@ -384,7 +384,7 @@ struct forget_record {
 };
 
 // The slots' rings (a ring has one consumer, so one each). The loader makes them one page
-// when the host's forget_share is already attached, as this object's are then not used.
+// unless this object is to be the first to share forget_share: else they are not used.
 #define FORGET_RING(n)                                \
     struct {                                          \
         __uint(type, BPF_MAP_TYPE_RINGBUF);           \

@@ -252,7 +252,7 @@ impl LoadedObserver {
         // The slots' rings of this object serve only if it is the first to share: else they
         // are a page each (the least a ring can be).
         let rings: Vec<String> = shared::ring_names().collect();
-        if shared.is_some_and(shared::attached) {
+        if shared.is_none_or(shared::attached) {
             let page = rustix::param::page_size() as u32;
             for ring in &rings {
                 loader.set_max_entries(ring, page);
@@ -436,6 +436,11 @@ impl Observer {
                 reader,
             });
         }
+    }
+
+    /// Its slot of the host's shared forget program, if it has one.
+    pub fn forget_slot(&self) -> Option<u32> {
+        self.slot.as_ref().map(|slot| slot.slot)
     }
 
     /// Why forgets are seen by this observer's own program though it was asked to share the

@@ -76,6 +76,7 @@ fn owners(dir: &Path) -> Result<HashMap<MapData, u32, u32>, String> {
 pub(crate) struct Slot {
     dir: PathBuf,
     pid: u32,
+    pub(crate) slot: u32,
     ring: MapData,
     size: usize,
 }
@@ -116,6 +117,7 @@ impl Slot {
         let joined = Slot {
             dir: dir.to_path_buf(),
             pid,
+            slot,
             ring,
             size,
         };

@@ -436,9 +436,12 @@ pub fn pins_of(pid: u32) -> PathBuf {
 }
 
 /// Where the host's one forget program is pinned, shared by every fast-mode run
-/// (`rebound_observe`'s `shared`): `/sys/fs/bpf/rebound/forgets`.
+/// (`rebound_observe`'s `shared`): `/sys/fs/bpf/rebound/forgets-1`. The number is that of
+/// the layout its maps and records have: a rebound that changes it takes the next, so that
+/// runs of both versions can live on one host (each version shares its own). (The BPF file
+/// system refuses names with a dot.)
 pub fn shared_forget_pins() -> PathBuf {
-    PathBuf::from(BPF_FS).join("rebound").join("forgets")
+    PathBuf::from(BPF_FS).join("rebound").join("forgets-1")
 }
 
 /// [`pins_of`] this run, with the BPF file system mounted at `/sys/fs/bpf` if it was not;

@@ -194,6 +194,12 @@ impl Run<'_> {
             restored.resent,
             restored.restore_ms
         );
+        if matches!(self.phase, Phase::Stopping { .. }) {
+            // The mount went (a user's umount seen while the successor was restored): the run
+            // stops; serving again would take the driver's own unmount for a failure to
+            // restart from, and mount it anew.
+            return;
+        }
         let upgraded = self.upgrade_served();
         self.phase = Phase::Serving;
         self.announce(Announcement::Recovered { upgraded });

@@ -422,11 +422,17 @@ fn mount_for_driver(
             })
             .ok()
     });
-    if let Some(why) = observer.as_ref().and_then(|o| o.not_shared()) {
-        tracing::warn!(
-            "the host's shared forget program cannot be used ({why}): this run sees forgets \
-             with a program of its own, which runs at every kfree of the host"
-        );
+    if let Some(observer) = &observer {
+        match (observer.forget_slot(), observer.not_shared()) {
+            (Some(slot), _) => tracing::info!(
+                "the driver's forgets are seen by the host's shared kfree program (slot {slot})"
+            ),
+            (None, Some(why)) => tracing::warn!(
+                "the host's shared kfree program cannot be used ({why}): this run sees forgets \
+                 with a program of its own, which runs at every kfree of the host"
+            ),
+            (None, None) => {}
+        }
     }
     let installed = match observer {
         Some(_) => install_clone(listener, notif, kernel.as_fd(), driver_fd, cloexec),
