@@ -4,7 +4,7 @@
 //! one on `fuse_request_send` notes each request that waits, in a mapped array, until it ends
 //! (for the oldest's age: [`Observer::oldest_waiting`]).
 //! This is how rebound will keep its object tracker current while a driver serves the kernel's
-//! queue itself (the fast path, `docs/design.md`); `rebound observe` shows it on any mount.
+//! queue itself (the fast path, `docs/fast-path.md`); `rebound observe` shows it on any mount.
 //!
 //! Owns: loading and attaching the program (`bpf/observe.bpf.c`), the facts it needs from the
 //! running kernel (the connection's device number, where forgets are freed), and turning ring
