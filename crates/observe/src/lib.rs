@@ -237,6 +237,8 @@ impl Observer {
 pub struct LoadedObserver {
     bpf: Ebpf,
     shared: Option<PathBuf>,
+    /// Its slots' rings are full-size: it may be the one to attach the shared program.
+    can_publish: bool,
 }
 
 impl LoadedObserver {
@@ -252,7 +254,8 @@ impl LoadedObserver {
         // The slots' rings of this object serve only if it is the first to share: else they
         // are a page each (the least a ring can be).
         let rings: Vec<String> = shared::ring_names().collect();
-        if shared.is_none_or(shared::attached) {
+        let can_publish = shared.is_some_and(|dir| !shared::attached(dir));
+        if !can_publish {
             let page = rustix::param::page_size() as u32;
             for ring in &rings {
                 loader.set_max_entries(ring, page);
@@ -274,6 +277,7 @@ impl LoadedObserver {
         Ok(LoadedObserver {
             bpf,
             shared: shared.map(Path::to_path_buf),
+            can_publish,
         })
     }
 
@@ -291,7 +295,7 @@ impl LoadedObserver {
             .and_then(|mut variables| variables.set(0, connection, 0))
             .map_err(|e| ObserveError::Load(format!("setting the connection: {e}")))?;
         let (slot, not_shared) = match &self.shared {
-            Some(dir) => match shared::Slot::join(&mut bpf, dir) {
+            Some(dir) => match shared::Slot::join(&mut bpf, dir, self.can_publish) {
                 Ok(slot) => (Some(slot), None),
                 Err(e) => (None, Some(e)),
             },

@@ -83,13 +83,22 @@ pub(crate) struct Slot {
 
 impl Slot {
     /// Joins the shared program pinned in `dir`, attaching and pinning `bpf`'s own first if
-    /// none is: a slot for this process's descendants' forgets. Fails (and the caller sees
-    /// forgets on its own) without a BPF file system, or with every slot taken.
-    pub(crate) fn join(bpf: &mut Ebpf, dir: &Path) -> Result<Slot, String> {
+    /// none is and `bpf`'s rings were made full-size for that (`can_publish`): a slot for
+    /// this process's descendants' forgets. Fails (and the caller sees forgets on its own)
+    /// without a BPF file system, with every slot taken, or when the program it was loaded
+    /// to join has been detached since.
+    pub(crate) fn join(bpf: &mut Ebpf, dir: &Path, can_publish: bool) -> Result<Slot, String> {
         let parent = dir.parent().unwrap_or(dir);
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
         let _lock = Lock::take(dir)?;
         if !attached(dir) {
+            if !can_publish {
+                return Err(
+                    "the shared program was detached after this run loaded its own \
+                            with rings of a page, too small to share"
+                        .into(),
+                );
+            }
             // Maps left by a run that died before it pinned the link.
             crate::remove_pins(dir);
             publish(bpf, dir).inspect_err(|_| crate::remove_pins(dir))?;
