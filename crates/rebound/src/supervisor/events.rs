@@ -19,6 +19,9 @@ const SETTLE: Duration = Duration::from_millis(500);
 /// process of its own serves: a daemonizing driver's parent (gocryptfs) exits when its daemon
 /// tells it the mount works, which is when the driver run directly would return.
 const PARENT_WAIT: Duration = Duration::from_secs(5);
+/// Fast mode: how long a serving driver process that holds no descriptor of the connection
+/// is given to unmount or end before it counts as failed.
+const HOLDERLESS_GRACE: Duration = Duration::from_secs(1);
 
 /// What the status is to say once the driver's serving process is known.
 #[derive(Debug, Clone, Copy)]
@@ -318,7 +321,7 @@ impl Run<'_> {
     /// Fast mode, after a process ended: no channel closes when a driver dies beside the path,
     /// so its death is seen here, as no process of it holding the connection any more; an
     /// unmount is seen as the connection's end.
-    fn check_driver_beside(&mut self) {
+    pub(super) fn check_driver_beside(&mut self) {
         let Some(s) = self.served.as_ref().filter(|s| s.proxy.is_beside()) else {
             return;
         };
@@ -328,7 +331,9 @@ impl Run<'_> {
         if s.proxy.kernel_gone() {
             return self.on_proxy_event(ProxyEvent::KernelGone);
         }
-        if self.channel_holder(0).is_none() {
+        if self.channel_holder(0).is_some() {
+            self.holderless_since = None;
+        } else {
             if !s.proxy.initialized() {
                 // A daemonizing driver's parent exits once its daemon runs; a look at /proc
                 // right then once found neither holding the connection (sshfs, once in 16
@@ -346,6 +351,17 @@ impl Run<'_> {
                 // guarded mode, its exit status ends the run; no restart would do better.
                 tracing::info!("the driver left before it answered the kernel's INIT");
                 self.phase = self.stopping(false, 0);
+                return;
+            }
+            // A driver that unmounts by itself (libfuse's `fuse_kern_unmount`) closes its
+            // descriptor first and calls `umount2` after: a look at /proc in between found
+            // none holding the connection, with sshfs alive and about to unmount (1 run in
+            // 15). So while its serving process runs on, the verdict waits, for its unmount
+            // or its end, up to a grace the clock enforces (`on_tick`).
+            let serving = self.board.snapshot().driver_pid;
+            let since = *self.holderless_since.get_or_insert_with(Instant::now);
+            if serving.is_some_and(process::runs_on) && since.elapsed() < HOLDERLESS_GRACE {
+                tracing::debug!("no driver process holds the connection; its own runs on");
                 return;
             }
             // Worded as in guarded mode, where the same death is seen as the processes gone.

@@ -149,6 +149,9 @@ struct Run<'a> {
     /// The process rebound started for the current driver, and how it ended.
     driver_pid: i32,
     driver_exit: Option<Exit>,
+    /// Fast mode: since when no process of the serving driver has held the connection while
+    /// its serving process ran on (see `check_driver_beside`).
+    holderless_since: Option<Instant>,
     /// When restarts were started, within the restart window.
     restarts: VecDeque<Instant>,
     events_tx: Option<UnixStream>,
@@ -374,6 +377,7 @@ pub fn run(
         listener_open,
         driver_pid: pid,
         driver_exit: None,
+        holderless_since: None,
         restarts: VecDeque::new(),
         events_tx: Some(events_tx),
         cgroup,

@@ -672,6 +672,7 @@ impl Run<'_> {
         self.listener_open = true;
         self.driver_pid = standby.pid;
         self.driver_exit = None;
+        self.holderless_since = None;
         self.board.update(|b| {
             b.driver_pid = Some(standby.pid);
             b.standby_pid = None;

@@ -53,6 +53,9 @@ impl Run<'_> {
         self.take_over_from_dying_driver();
         self.answer_for_dying_driver_threads(now);
         self.kill_if_stuck(now);
+        if self.holderless_since.is_some() {
+            self.check_driver_beside();
+        }
         match &mut self.phase {
             Phase::Starting { deadline } if now >= *deadline => {
                 tracing::error!(
@@ -215,6 +218,7 @@ impl Run<'_> {
                 self.listener_open = true;
                 self.driver_pid = pid;
                 self.driver_exit = None;
+                self.holderless_since = None;
                 self.board.update(|b| b.driver_pid = Some(pid));
                 self.phase = Phase::Recovering(Step::Mounting {
                     deadline: now + self.config.mount_timeout(),
