@@ -5,7 +5,7 @@
 //! Must not: panic on any input (the kernel is trusted, but this code is also fuzzed), or
 //! allocate (it runs once per request on the hot path).
 
-use crate::abi::{self, size, InHeader, InitIn, IoctlIn, Opcode, ReadIn, WriteIn};
+use crate::abi::{self, size, InHeader, InitIn, IoctlIn, Opcode, OpenIn, ReadIn, WriteIn};
 use crate::ids::read_u32;
 use crate::WireError;
 use std::mem::offset_of;
@@ -139,6 +139,21 @@ pub fn mask_init_request(buf: &mut [u8]) {
     }
 }
 
+/// Clears the bits of `mask` in the open flags of an OPEN or CREATE request (the first field
+/// of both `fuse_open_in` and `fuse_create_in`). `buf` is a whole request; any other is left
+/// untouched. (The flags are the caller's `open(2)` flags, whose values differ between
+/// architectures: the caller names them.)
+pub fn clear_open_flags(buf: &mut [u8], mask: u32) {
+    let Ok(req) = Request::parse(buf) else { return };
+    if !matches!(req.opcode, Some(Opcode::Open | Opcode::Create)) {
+        return;
+    }
+    if let Ok((mut open, _)) = OpenIn::read_from_prefix(&buf[size::IN_HEADER..]) {
+        open.flags &= !mask;
+        let _ = open.write_to_prefix(&mut buf[size::IN_HEADER..]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,5 +234,26 @@ mod tests {
         let (out, _) = InitIn::read_from_prefix(&buf[size::IN_HEADER..]).unwrap();
         assert_eq!(out.flags2, 1);
         assert_eq!(out.flags, abi::INIT_EXT | abi::MAX_PAGES);
+    }
+
+    #[test]
+    fn open_flags_are_cleared_in_open_and_create_only() {
+        let open = OpenIn {
+            flags: 0o40002,
+            open_flags: 7,
+        };
+        for opcode in [Opcode::Open, Opcode::Create] {
+            // (CREATE's body is longer; its first two fields are OPEN's.)
+            let mut body = open.as_bytes().to_vec();
+            body.extend_from_slice(&[0; 8]);
+            let mut buf = request(opcode as u32, &body);
+            clear_open_flags(&mut buf, 0o40000);
+            let (out, _) = OpenIn::read_from_prefix(&buf[size::IN_HEADER..]).unwrap();
+            assert_eq!((out.flags, out.open_flags), (2, 7), "{opcode:?}");
+        }
+        let mut other = request(Opcode::Opendir as u32, open.as_bytes());
+        let before = other.clone();
+        clear_open_flags(&mut other, 0o40000);
+        assert_eq!(other, before);
     }
 }
