@@ -289,6 +289,9 @@ pub struct ObjectTable {
     generation: u64,
     /// Changes noted since last taken, if a journal is kept (see [`journal`]).
     journal: Option<Vec<u8>>,
+    /// The latest replies a replayed journal committed, by request (see
+    /// [`ObjectTable::take_replayed_reply`]).
+    replayed_replies: journal::ReplayedReplies,
 }
 
 impl Default for ObjectTable {
@@ -304,6 +307,7 @@ impl Default for ObjectTable {
             next_fresh: FRESH_IDS,
             generation: 0,
             journal: None,
+            replayed_replies: journal::ReplayedReplies::default(),
         }
     }
 }
@@ -313,14 +317,19 @@ impl ObjectTable {
         Self::default()
     }
 
-    /// Commits a change whose request the driver answered with success. `reply` is the
-    /// validated reply body in the driver's ids; the ids in it are rewritten to the kernel's.
-    pub fn on_success(&mut self, change: PendingChange, reply: &mut [u8]) {
+    /// Commits a change whose request (the kernel's `unique`) the driver answered with success.
+    /// `reply` is the validated reply body in the driver's ids; the ids in it are rewritten to
+    /// the kernel's.
+    pub fn on_success(&mut self, unique: u64, change: PendingChange, reply: &mut [u8]) {
         let noted = (self.journaling() && change != PendingChange::None).then(|| change.clone());
         self.commit(change, reply);
         if let Some(change) = noted {
             let reply = reply.to_vec();
-            self.note(&journal::Record::Success { change, reply });
+            self.note(&journal::Record::SuccessOf {
+                unique,
+                change,
+                reply,
+            });
         }
     }
 

@@ -78,7 +78,7 @@ proptest! {
                     let pending = PendingChange::of(Change::Entry { parent, name: &name });
                     let driver = driver_id(file, generation);
                     let mut reply = entry_reply(driver);
-                    table.on_success(pending, &mut reply);
+                    table.on_success(0, pending, &mut reply);
                     let node = u64::from_ne_bytes(reply[..8].try_into().unwrap());
                     prop_assert_eq!(table.node_to_driver(node), ToDriver::Mapped(driver));
                     *lookups.entry(node).or_default() += 1;
@@ -100,12 +100,12 @@ proptest! {
                     let pending = PendingChange::of(Change::Rename {
                         parent: 1, name: &a, new_parent: 1, new_name: &b, exchange,
                     });
-                    table.on_success(pending, &mut []);
+                    table.on_success(0, pending, &mut []);
                 }
                 Op::Unlink { name } => {
                     let a = [b'a' + name];
                     let pending = PendingChange::of(Change::Remove { parent: 1, name: &a });
-                    table.on_success(pending, &mut []);
+                    table.on_success(0, pending, &mut []);
                 }
                 Op::Restart => {
                     generation += 1;

@@ -319,7 +319,7 @@ fn observed_request(shared: &Shared, request: &[u8], reply: &mut [u8], cut: bool
         }
         _ => {}
     }
-    commit_change(shared, &info.change, body);
+    commit_change(shared, info.header.unique, &info.change, body);
 }
 
 /// The first driver's INIT: kept to give to its successors (without what rebound never

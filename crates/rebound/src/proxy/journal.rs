@@ -352,7 +352,7 @@ mod tests {
                 flags: 2,
                 dir: false,
             };
-            table.on_success(open, &mut reply);
+            table.on_success(0, open, &mut reply);
         }
         let snapshot = table.snapshot();
         assert!(!snapshot.reissued().is_empty());

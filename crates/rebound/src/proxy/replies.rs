@@ -323,7 +323,7 @@ pub(super) fn check_driver_message(
             // Before the commit, while names still lead where the request found them.
             record_mutation(shared, &request, body);
         }
-        commit_change(shared, &request.change, body);
+        commit_change(shared, unique, &request.change, body);
         if matches!(
             Opcode::from_raw(request.opcode),
             Some(Opcode::Setlk | Opcode::Setlkw)
@@ -356,9 +356,9 @@ pub(super) fn kernel_bytes(request: &Inflight) -> Vec<u8> {
     bytes
 }
 
-/// Records in the tracker a change the driver made, with its reply's `body` (whose ids become
-/// the kernel's).
-pub(super) fn commit_change(shared: &Shared, change: &PendingChange, body: &mut [u8]) {
+/// Records in the tracker a change the driver made for the kernel's request `unique`, with its
+/// reply's `body` (whose ids become the kernel's).
+pub(super) fn commit_change(shared: &Shared, unique: u64, change: &PendingChange, body: &mut [u8]) {
     if let PendingChange::Remove { parent, .. }
     | PendingChange::Rename {
         new_parent: parent, ..
@@ -367,7 +367,7 @@ pub(super) fn commit_change(shared: &Shared, change: &PendingChange, body: &mut 
         note_removal_dir(shared, *parent);
     }
     if *change != PendingChange::None {
-        shared.objects().on_success(change.clone(), body);
+        shared.objects().on_success(unique, change.clone(), body);
     }
 }
 

@@ -123,6 +123,15 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
         Some(Opcode::Open | Opcode::Create) => fuse_wire::clear_open_flags(msg, DRIVER_LESS),
         _ => {}
     }
+    if unique & abi::UNIQUE_RESEND != 0 {
+        // A request a dead rebound had committed, and died before it answered: the journal
+        // gave its reply back. Executed again, it would make its change twice.
+        let committed = shared.objects().take_replayed_reply(unique);
+        if let Some(body) = committed {
+            tracing::debug!("request {unique} was answered from the journal");
+            return answer_with(shared, unique, queue, &body);
+        }
+    }
     if matches!(info.opcode, Some(Opcode::Readdir | Opcode::Readdirplus)) {
         recovery::prime_reopened_directory(shared, msg, &info.fields, &info.change);
     }

@@ -14,6 +14,7 @@
 
 use std::sync::Arc;
 
+use fuse_wire::abi::UNIQUE_RESEND;
 use serde::{Deserialize, Serialize};
 
 use super::{DriverNode, ObjectTable, PendingChange};
@@ -45,6 +46,45 @@ pub(super) enum Record {
         dir: bool,
         node: u64,
     },
+    /// A success (as `Success`) with the kernel's `unique` of its request, written by rebound
+    /// from 2026-11-29 on.
+    SuccessOf {
+        unique: u64,
+        change: PendingChange,
+        reply: Vec<u8>,
+    },
+}
+
+/// How many of the latest committed replies a replay keeps (see [`ReplayedReplies`]). A reply
+/// can be committed and not yet written only for the requests rebound was answering at its
+/// death: a handful (one per reader thread and recovery), far fewer than this.
+const REPLIES_KEPT: usize = 1024;
+
+/// The replies of the latest successes a replayed journal committed, by the kernel's `unique`
+/// of their requests. rebound commits a change, journal included, before it writes the reply
+/// to the kernel; dead in between, it leaves a change the journal holds and the kernel never
+/// heard of, and the kernel sends the request again (`FUSE_NOTIFY_RESEND`). Executed again, an
+/// OPEN or CREATE was committed twice, and the first handle, which the kernel never had and so
+/// never releases, was reopened at every restart, and lost once its file was unlinked. The
+/// successor answers such a request with the reply committed for it instead.
+#[derive(Debug, Default)]
+pub(super) struct ReplayedReplies {
+    order: std::collections::VecDeque<u64>,
+    replies: std::collections::HashMap<u64, Vec<u8>>,
+}
+
+impl ReplayedReplies {
+    fn keep(&mut self, unique: u64, reply: Vec<u8>) {
+        let unique = unique & !UNIQUE_RESEND;
+        if self.replies.insert(unique, reply).is_none() {
+            self.order.push_back(unique);
+        }
+        if self.order.len() > REPLIES_KEPT {
+            if let Some(oldest) = self.order.pop_front() {
+                self.replies.remove(&oldest);
+            }
+        }
+    }
 }
 
 /// Records that cannot be read back (not written by this journal, or cut short).
@@ -68,6 +108,17 @@ impl ObjectTable {
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
+    }
+
+    /// The reply a replayed journal committed for the request `unique`, once: a request
+    /// rebound committed and died before it answered (see [`ReplayedReplies`]). (Compared
+    /// without the bit the kernel sets in a request it sends again.)
+    pub fn take_replayed_reply(&mut self, unique: u64) -> Option<Vec<u8>> {
+        let unique = unique & !UNIQUE_RESEND;
+        let replies = &mut self.replayed_replies;
+        let reply = replies.replies.remove(&unique)?;
+        replies.order.retain(|&u| u != unique);
+        Some(reply)
     }
 
     pub(super) fn journaling(&self) -> bool {
@@ -115,7 +166,16 @@ impl ObjectTable {
             bytes = rest;
             replayed += 1;
             match record {
-                Record::Success { change, mut reply } => self.on_success(change, &mut reply),
+                // (Written by rebound before 2026-11-29: no unique to answer by.)
+                Record::Success { change, mut reply } => self.on_success(0, change, &mut reply),
+                Record::SuccessOf {
+                    unique,
+                    change,
+                    mut reply,
+                } => {
+                    self.on_success(unique, change, &mut reply);
+                    self.replayed_replies.keep(unique, reply);
+                }
                 Record::Forget { node, count } => {
                     let _ = self.forget(node, count);
                 }
@@ -222,6 +282,54 @@ mod tests {
         assert!(successor.handles.contains_key(&(fh3, false)));
         // Nothing is noted while replaying, and nothing without a journal.
         assert!(successor.take_journal().is_empty());
+    }
+
+    #[test]
+    fn a_replay_gives_each_committed_reply_back_once_by_its_request() {
+        let mut table = ObjectTable::new();
+        table.keep_journal();
+        let a = lookup(&mut table, 1, b"a", 10);
+        let mut open_out = 7u64.to_ne_bytes().to_vec();
+        open_out.resize(16, 0);
+        let open = PendingChange::Open {
+            node: a,
+            flags: 2,
+            dir: false,
+        };
+        table.on_success(42, open, &mut open_out);
+        let records = table.take_journal();
+
+        let mut successor = ObjectTable::new();
+        successor.replay(&records).unwrap();
+        assert_eq!(successor.handles.len(), 1);
+        // The kernel sends the request again with its resend bit set.
+        let resent = 42 | UNIQUE_RESEND;
+        assert_eq!(successor.take_replayed_reply(resent), Some(open_out));
+        assert_eq!(successor.take_replayed_reply(resent), None, "given once");
+        assert_eq!(successor.take_replayed_reply(43), None);
+    }
+
+    #[test]
+    fn a_replay_keeps_only_the_latest_replies() {
+        let mut table = ObjectTable::new();
+        table.keep_journal();
+        let count = REPLIES_KEPT as u64 + 10;
+        for unique in 1..=count {
+            let name = format!("n{unique}");
+            table.on_success(
+                unique,
+                PendingChange::Entry {
+                    parent: 1,
+                    name: name.as_bytes().into(),
+                },
+                &mut super::super::tests::entry_reply(unique + 100),
+            );
+        }
+        let mut successor = ObjectTable::new();
+        successor.replay(&table.take_journal()).unwrap();
+        assert!(successor.take_replayed_reply(1).is_none());
+        assert!(successor.take_replayed_reply(count).is_some());
+        assert!(successor.replayed_replies.order.len() < REPLIES_KEPT);
     }
 
     #[test]

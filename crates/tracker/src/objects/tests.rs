@@ -2,7 +2,7 @@
 
 use super::*;
 
-fn entry_reply(node: u64) -> Vec<u8> {
+pub(super) fn entry_reply(node: u64) -> Vec<u8> {
     let mut body = node.to_ne_bytes().to_vec();
     body.resize(128, 0);
     body
@@ -77,7 +77,7 @@ fn open_reply(fh: u64) -> Vec<u8> {
 pub(super) fn looked_up(table: &mut ObjectTable, parent: u64, name: &[u8], driver: u64) -> u64 {
     let pending = PendingChange::of(Change::Entry { parent, name });
     let mut reply = entry_reply(driver);
-    table.on_success(pending, &mut reply);
+    table.on_success(0, pending, &mut reply);
     entry_node(&reply).unwrap()
 }
 
@@ -88,7 +88,7 @@ pub(super) fn opened(table: &mut ObjectTable, node: u64, driver_fh: u64) -> u64 
         dir: false,
     });
     let mut reply = open_reply(driver_fh);
-    table.on_success(pending, &mut reply);
+    table.on_success(0, pending, &mut reply);
     open_handle(&reply, false).unwrap()
 }
 
@@ -130,17 +130,17 @@ fn the_kernel_sees_a_node_with_the_generation_it_first_got() {
     };
     let generation_of = |reply: &[u8]| EntryOut::read_from_prefix(reply).unwrap().0.generation;
     let mut first = with_generation(5, 7);
-    t.on_success(lookup(), &mut first);
+    t.on_success(0, lookup(), &mut first);
     assert_eq!(generation_of(&first), 7);
     // A restarted driver numbers its generations afresh: the kernel still gets 7.
     t.begin_generation(1);
     let mut again = with_generation(9, 1);
-    t.on_success(lookup(), &mut again);
+    t.on_success(0, lookup(), &mut again);
     assert_eq!((entry_node(&again), generation_of(&again)), (Some(5), 7));
     // Once the kernel has forgotten the node, a new entry brings its own generation.
     t.forget(5, 2);
     let mut fresh = with_generation(9, 3);
-    t.on_success(lookup(), &mut fresh);
+    t.on_success(0, lookup(), &mut fresh);
     assert_eq!(generation_of(&fresh), 3);
 }
 
@@ -159,12 +159,12 @@ fn inode_numbers_are_known_by_name_and_by_path() {
         parent: ROOT_ID,
         name: b"d",
     });
-    t.on_success(dir, &mut numbered(5, 50));
+    t.on_success(0, dir, &mut numbered(5, 50));
     let file = PendingChange::of(Change::Entry {
         parent: 5,
         name: b"f",
     });
-    t.on_success(file, &mut numbered(6, 60));
+    t.on_success(0, file, &mut numbered(6, 60));
     looked_up(&mut t, ROOT_ID, b"unnumbered", 7);
     assert_eq!(t.ino_named(5, b"f"), 60);
     assert_eq!(t.ino_named(5, b"g"), 0);
@@ -202,13 +202,13 @@ fn paths_follow_renames_and_end_at_unlinks() {
         new_name: b"moved",
         exchange: false,
     });
-    t.on_success(pending, &mut []);
+    t.on_success(0, pending, &mut []);
     assert_eq!(t.path(3).unwrap(), vec![&b"moved"[..]]);
     let pending = PendingChange::of(Change::Remove {
         parent: 1,
         name: b"moved",
     });
-    t.on_success(pending, &mut []);
+    t.on_success(0, pending, &mut []);
     assert_eq!(t.path(3), None, "unlinked while held: no path");
     assert_eq!(t.node(3).unwrap().lookups, 1, "the kernel still holds it");
     assert!(t.is_consistent());
@@ -226,7 +226,7 @@ fn rename_over_an_existing_name_unlinks_the_target() {
         new_name: b"b",
         exchange: false,
     });
-    t.on_success(pending, &mut []);
+    t.on_success(0, pending, &mut []);
     assert_eq!(t.path(2).unwrap(), vec![&b"b"[..]]);
     assert_eq!(t.path(3), None);
     assert!(t.is_consistent());
@@ -420,7 +420,7 @@ fn a_restarted_driver_gets_its_own_ids_and_the_kernel_keeps_its_own() {
         parent: 1,
         name: b"gone",
     });
-    t.on_success(pending, &mut []);
+    t.on_success(0, pending, &mut []);
 
     let plan = t.begin_generation(1);
     assert_eq!(plan.handles.len(), 2);

@@ -136,7 +136,7 @@ impl NewDriver<'_> {
                     Some((_, mut entry)) => {
                         shared
                             .objects()
-                            .on_success(request.change.clone(), &mut entry);
+                            .on_success(unique, request.change.clone(), &mut entry);
                         answer_with(shared, unique, queue, &entry);
                     }
                     None => self.send_again(unique, request),
@@ -161,7 +161,7 @@ impl NewDriver<'_> {
                             reply.extend_from_slice(&open_out);
                             shared
                                 .objects()
-                                .on_success(request.change.clone(), &mut reply);
+                                .on_success(unique, request.change.clone(), &mut reply);
                             answer_with(shared, unique, queue, &reply);
                         }
                         None => {
@@ -183,7 +183,9 @@ impl NewDriver<'_> {
                         self.send_again(unique, request);
                     }
                     None => {
-                        shared.objects().on_success(request.change.clone(), &mut []);
+                        shared
+                            .objects()
+                            .on_success(unique, request.change.clone(), &mut []);
                         answer_ok(shared, unique, queue);
                     }
                 }
@@ -224,7 +226,9 @@ impl NewDriver<'_> {
                 };
                 match happened {
                     Some(true) => {
-                        shared.objects().on_success(request.change.clone(), &mut []);
+                        shared
+                            .objects()
+                            .on_success(unique, request.change.clone(), &mut []);
                         answer_ok(shared, unique, queue);
                     }
                     Some(false) => self.send_again(unique, request),
