@@ -55,10 +55,12 @@ pub(super) enum Record {
     },
 }
 
-/// How many of the latest committed replies a replay keeps (see [`ReplayedReplies`]). A reply
-/// can be committed and not yet written only for the requests rebound was answering at its
-/// death: a handful (one per reader thread and recovery), far fewer than this.
+/// How many of the latest committed replies a replay keeps, and how many bytes of them at
+/// most (a READDIRPLUS reply can be 128 KiB): see [`ReplayedReplies`]. A reply can be
+/// committed and not yet written only for the requests rebound was answering at its death: a
+/// handful (one per reader thread and recovery), far fewer than this.
 const REPLIES_KEPT: usize = 1024;
+const REPLY_BYTES_KEPT: usize = 8 << 20;
 
 /// The replies of the latest successes a replayed journal committed, by the kernel's `unique`
 /// of their requests. rebound commits a change, journal included, before it writes the reply
@@ -71,19 +73,31 @@ const REPLIES_KEPT: usize = 1024;
 pub(super) struct ReplayedReplies {
     order: std::collections::VecDeque<u64>,
     replies: std::collections::HashMap<u64, Vec<u8>>,
+    bytes: usize,
 }
 
 impl ReplayedReplies {
     fn keep(&mut self, unique: u64, reply: Vec<u8>) {
         let unique = unique & !UNIQUE_RESEND;
-        if self.replies.insert(unique, reply).is_none() {
-            self.order.push_back(unique);
+        self.bytes += reply.len();
+        match self.replies.insert(unique, reply) {
+            Some(earlier) => self.bytes -= earlier.len(),
+            None => self.order.push_back(unique),
         }
-        if self.order.len() > REPLIES_KEPT {
-            if let Some(oldest) = self.order.pop_front() {
-                self.replies.remove(&oldest);
-            }
+        while self.order.len() > REPLIES_KEPT || self.bytes > REPLY_BYTES_KEPT {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            self.bytes -= self.replies.remove(&oldest).map_or(0, |r| r.len());
         }
+    }
+
+    fn take(&mut self, unique: u64) -> Option<Vec<u8>> {
+        let unique = unique & !UNIQUE_RESEND;
+        let reply = self.replies.remove(&unique)?;
+        self.order.retain(|&u| u != unique);
+        self.bytes -= reply.len();
+        Some(reply)
     }
 }
 
@@ -114,11 +128,7 @@ impl ObjectTable {
     /// rebound committed and died before it answered (see [`ReplayedReplies`]). (Compared
     /// without the bit the kernel sets in a request it sends again.)
     pub fn take_replayed_reply(&mut self, unique: u64) -> Option<Vec<u8>> {
-        let unique = unique & !UNIQUE_RESEND;
-        let replies = &mut self.replayed_replies;
-        let reply = replies.replies.remove(&unique)?;
-        replies.order.retain(|&u| u != unique);
-        Some(reply)
+        self.replayed_replies.take(unique)
     }
 
     pub(super) fn journaling(&self) -> bool {
@@ -330,6 +340,19 @@ mod tests {
         assert!(successor.take_replayed_reply(1).is_none());
         assert!(successor.take_replayed_reply(count).is_some());
         assert!(successor.replayed_replies.order.len() < REPLIES_KEPT);
+    }
+
+    #[test]
+    fn the_replies_kept_are_bounded_in_bytes_too() {
+        let mut kept = ReplayedReplies::default();
+        let big = REPLY_BYTES_KEPT / 4 + 1;
+        for unique in 1..=4 {
+            kept.keep(unique, vec![0; big]);
+        }
+        assert!(kept.bytes <= REPLY_BYTES_KEPT);
+        assert!(kept.take(1).is_none(), "the oldest went");
+        assert_eq!(kept.take(4 | UNIQUE_RESEND).map(|r| r.len()), Some(big));
+        assert_eq!(kept.bytes, 2 * big);
     }
 
     #[test]
