@@ -47,6 +47,10 @@ pub struct HandOver {
     /// The queues taken over (see [`HandOver::inherit_queues`]).
     #[serde(skip)]
     inherited: Vec<std::os::fd::OwnedFd>,
+    /// The table the journal gave, in place of `objects`: as replayed, with the replies it
+    /// keeps for requests the kernel sends again (a snapshot would drop them).
+    #[serde(skip)]
+    journaled: Option<ObjectTable>,
 }
 
 impl HandOver {
@@ -78,6 +82,7 @@ impl HandOver {
             generations: 0,
             store_changed: false,
             journal: Some(dir.to_path_buf()),
+            journaled: None,
         }
     }
 
@@ -96,7 +101,7 @@ impl HandOver {
         let _ = std::fs::remove_dir_all(&dir);
         Ok(HandOver {
             generations: journaled.objects.generation(),
-            objects: journaled.objects.snapshot(),
+            journaled: Some(journaled.objects),
             init: journaled.init,
             minor: journaled.minor,
             root_attr: journaled.root_attr,
@@ -155,6 +160,7 @@ impl Proxy {
             journal: None,
             observer_pins: None,
             inherited: Vec::new(),
+            journaled: None,
         }
     }
 
@@ -178,7 +184,10 @@ impl Proxy {
         }
         let link = Link::Recovering { attached: None };
         let proxy = Proxy::launch(queues, events, &options, link, |shared| {
-            shared.objects = ObjectTable::from_snapshot(state.objects).into();
+            let objects = state
+                .journaled
+                .unwrap_or_else(|| ObjectTable::from_snapshot(state.objects));
+            shared.objects = objects.into();
             shared.init = state.init.into();
             shared.minor = state.minor.into();
             shared.root_attr = state.root_attr.into();
@@ -199,5 +208,38 @@ impl Proxy {
         tracing::debug!("{parked} requests the driver had read were sent again");
         super::spawn_queue_readers(&proxy.shared)?;
         Ok(proxy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_journal_read_keeps_the_replies_for_requests_sent_again() {
+        // A predecessor committed an OPEN (request 42) and died before it answered.
+        let mut table = ObjectTable::new();
+        table.keep_journal();
+        let snapshot = table.snapshot();
+        let mut open_out = 7u64.to_ne_bytes().to_vec();
+        open_out.resize(16, 0);
+        let open = tracker::PendingChange::Open {
+            node: 1,
+            flags: 2,
+            dir: false,
+        };
+        table.on_success(42, open, &mut open_out);
+        let dir = std::env::temp_dir().join(format!("rebound-handover-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = super::super::journal::file_of(&snapshot, &table.take_journal());
+        std::fs::write(dir.join("journal.0"), file).unwrap();
+
+        let state = HandOver::from_journal(Vec::new(), &dir, None)
+            .read_journal()
+            .unwrap();
+        assert!(!dir.exists(), "the successor removes the journal it read");
+        let mut objects = state.journaled.expect("the journaled table itself");
+        let resent = 42 | fuse_wire::abi::UNIQUE_RESEND;
+        assert_eq!(objects.take_replayed_reply(resent), Some(open_out));
     }
 }

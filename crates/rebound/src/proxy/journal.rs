@@ -198,6 +198,14 @@ fn snapshot_frames(snapshot: &ObjectSnapshot) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// A journal file of `snapshot` and the table's `records` after it (for tests elsewhere).
+#[cfg(test)]
+pub(super) fn file_of(snapshot: &ObjectSnapshot, records: &[u8]) -> Vec<u8> {
+    let mut bytes = snapshot_frames(snapshot).unwrap();
+    bytes.extend(frame(RECORDS, records));
+    bytes
+}
+
 /// Writes `journal.NUMBER` with the snapshot and what the proxy keeps beside the table.
 fn start_file(
     dir: &Path,

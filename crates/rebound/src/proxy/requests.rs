@@ -128,7 +128,10 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
         // gave its reply back. Executed again, it would make its change twice.
         let committed = shared.objects().take_replayed_reply(unique);
         if let Some(body) = committed {
-            tracing::debug!("request {unique} was answered from the journal");
+            tracing::debug!(
+                "request {unique} ({:?}) was answered from the journal",
+                info.opcode
+            );
             return answer_with(shared, unique, queue, &body);
         }
     }

@@ -102,7 +102,10 @@ pub(super) fn resolve(
         let parent_id = shared.objects().node_to_driver(parent);
         let parent = match parent_id {
             ToDriver::Mapped(parent) => parent,
-            ToDriver::Unknown => parent,
+            ToDriver::Unknown => {
+                untracked(shared, parent, at);
+                return Ok(None);
+            }
             ToDriver::Lost | ToDriver::Pending => {
                 lost(shared, at);
                 return Ok(None);
@@ -156,9 +159,20 @@ pub(super) fn resolve(
     let mapped = shared.objects().node_to_driver(node);
     Ok(match mapped {
         ToDriver::Mapped(driver_node) => Some(driver_node),
-        ToDriver::Unknown => Some(node),
+        ToDriver::Unknown => {
+            untracked(shared, node, node);
+            None
+        }
         ToDriver::Pending | ToDriver::Lost => None,
     })
+}
+
+/// `node`, on the way to `wanted`, is not in the table: the kernel let it go, so whatever
+/// still names it is a leftover. Its id means nothing to the new driver, and one that takes
+/// ids for pointers (passthrough_ll) dies of it at every restart; `wanted` is lost instead.
+fn untracked(shared: &Shared, node: u64, wanted: u64) {
+    tracing::warn!("node {node} (the way to node {wanted}) is not tracked: {wanted} is lost");
+    lost(shared, wanted);
 }
 
 /// A request in flight, for logs: its opcode and the id fields it had in the kernel's ids.
