@@ -177,7 +177,8 @@ def test_o_direct_writes_and_reads_pass_before_and_after_a_restart(mount, data_p
     (guarded, and fast once the proxy took over) libfuse receives a write's data right after
     its headers, not page-aligned, and every O_DIRECT write failed with EINVAL (the
     benchmark's qd16 writes, 2026-11-28). Aligned O_DIRECT writes and reads must succeed, on a
-    handle opened before a driver restart and on one opened after it."""
+    handle opened before a driver restart and on one opened after it; a read-only handle keeps
+    O_DIRECT in the driver."""
     from test_recovery import explain, kill_driver, toml, wait_serving
     block = 4096
     config = toml(mode=data_path, restart_backoff_ms=0)
@@ -198,10 +199,36 @@ def test_o_direct_writes_and_reads_pass_before_and_after_a_restart(mount, data_p
             wait_serving(m, kill_driver(m, wait_serving(m)))
             write_and_check(fd, 1)
             again = os.open(path, os.O_RDWR | os.O_DIRECT)
+            read_only = os.open(path, os.O_RDONLY | os.O_DIRECT)
             try:
                 write_and_check(again, 2)
+                assert os.preadv(read_only, [buf], 2 * block) == block, explain(m)
+                # The driver's own descriptors on the backing file: the handles that write
+                # lost O_DIRECT on the way to it (its data is not page-aligned in its buffer),
+                # the read-only one kept it.
+                driver = wait_serving(m)["driver_pid"]
+                flags = backing_flags(driver, m.src / "direct")
+                assert sorted(f & os.O_DIRECT != 0 for f in flags) == [False, False, True], \
+                    explain(m, f"the driver's flags on the backing file: {flags}")
             finally:
+                os.close(read_only)
                 os.close(again)
         finally:
             os.close(fd)
         assert path.read_bytes() == b"".join(bytes([i + 1]) * block for i in range(3))
+
+
+def backing_flags(pid, backing):
+    """The open flags of each descriptor process `pid` holds open on file `backing` (not its
+    O_PATH ones: passthrough_ll holds one per node it knows)."""
+    flags = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != str(backing):
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                flags += [f for line in info if line.startswith("flags:")
+                          if not (f := int(line.split()[1], 8)) & os.O_PATH]
+        except FileNotFoundError:
+            pass  # closed meanwhile
+    return flags

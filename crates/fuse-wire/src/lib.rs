@@ -19,7 +19,7 @@ pub use abi::{InHeader, NotifyCode, Opcode, OutHeader};
 pub use change::Change;
 pub use ids::{IdField, IdFields};
 pub use reply::{error_reply, fix_init_reply, DriverMessage, InitReply};
-pub use request::{clear_open_flags, mask_init_request, ReplyShape, Request};
+pub use request::{map_open_flags, mask_init_request, ReplyShape, Request};
 pub use suspect::is_suspect_error;
 
 /// Why a message was refused.

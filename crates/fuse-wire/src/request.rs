@@ -139,17 +139,17 @@ pub fn mask_init_request(buf: &mut [u8]) {
     }
 }
 
-/// Clears the bits of `mask` in the open flags of an OPEN or CREATE request (the first field
-/// of both `fuse_open_in` and `fuse_create_in`). `buf` is a whole request; any other is left
-/// untouched. (The flags are the caller's `open(2)` flags, whose values differ between
-/// architectures: the caller names them.)
-pub fn clear_open_flags(buf: &mut [u8], mask: u32) {
+/// Replaces the open flags of an OPEN or CREATE request (the first field of both
+/// `fuse_open_in` and `fuse_create_in`) with what `change` makes of them. `buf` is a whole
+/// request; any other is left untouched. (The flags are the caller's `open(2)` flags, whose
+/// values differ between architectures: `change` names them.)
+pub fn map_open_flags(buf: &mut [u8], change: impl FnOnce(u32) -> u32) {
     let Ok(req) = Request::parse(buf) else { return };
     if !matches!(req.opcode, Some(Opcode::Open | Opcode::Create)) {
         return;
     }
     if let Ok((mut open, _)) = OpenIn::read_from_prefix(&buf[size::IN_HEADER..]) {
-        open.flags &= !mask;
+        open.flags = change(open.flags);
         let _ = open.write_to_prefix(&mut buf[size::IN_HEADER..]);
     }
 }
@@ -237,7 +237,7 @@ mod tests {
     }
 
     #[test]
-    fn open_flags_are_cleared_in_open_and_create_only() {
+    fn open_flags_are_changed_in_open_and_create_only() {
         let open = OpenIn {
             flags: 0o40002,
             open_flags: 7,
@@ -247,13 +247,13 @@ mod tests {
             let mut body = open.as_bytes().to_vec();
             body.extend_from_slice(&[0; 8]);
             let mut buf = request(opcode as u32, &body);
-            clear_open_flags(&mut buf, 0o40000);
+            map_open_flags(&mut buf, |flags| flags & !0o40000);
             let (out, _) = OpenIn::read_from_prefix(&buf[size::IN_HEADER..]).unwrap();
             assert_eq!((out.flags, out.open_flags), (2, 7), "{opcode:?}");
         }
         let mut other = request(Opcode::Opendir as u32, open.as_bytes());
         let before = other.clone();
-        clear_open_flags(&mut other, 0o40000);
+        map_open_flags(&mut other, |_| 0);
         assert_eq!(other, before);
     }
 }

@@ -86,12 +86,22 @@ impl RequestInfo {
     }
 }
 
-/// Open flags the driver is not given through the channel: `O_DIRECT`. A socket cannot hand
-/// it a write's data page-aligned (libfuse reads a request whole into one buffer, the data
-/// after its headers), so a driver that opens its backing file with the caller's flags
-/// (passthrough_ll) failed every `O_DIRECT` write with `EINVAL`. On the kernel's side the file
-/// stays `O_DIRECT`: no FUSE page cache, each request sent as the caller made it.
-pub(super) const DRIVER_LESS: u32 = rustix::fs::OFlags::DIRECT.bits();
+/// The open flags the driver is given through the channel for the caller's `flags`: a handle
+/// that may write loses `O_DIRECT`. A socket cannot hand the driver a write's data page-aligned
+/// (libfuse reads a request whole into one buffer, the data after its headers), so a driver
+/// that opens its backing file with the caller's flags (passthrough_ll) failed every
+/// `O_DIRECT` write with `EINVAL`; reads arrive in buffers libfuse aligns, and a read-only
+/// handle keeps the flag. On the kernel's side the file stays `O_DIRECT`: no FUSE page cache,
+/// each request sent as the caller made it.
+pub(super) fn driver_flags(flags: u32) -> u32 {
+    use rustix::fs::OFlags;
+    let read_only = flags & OFlags::ACCMODE.bits() == OFlags::RDONLY.bits();
+    if read_only {
+        flags
+    } else {
+        flags & !OFlags::DIRECT.bits()
+    }
+}
 
 /// Handles one request read from the kernel into `buf[..len]`. A large request that must wait
 /// for its reply takes `buf` with it (a fresh one takes its place).
@@ -120,7 +130,7 @@ pub(super) fn on_request(shared: &Shared, queue: usize, buf: &mut ResidentBuffer
             fuse_wire::mask_init_request(msg);
             *shared.init.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg.to_vec());
         }
-        Some(Opcode::Open | Opcode::Create) => fuse_wire::clear_open_flags(msg, DRIVER_LESS),
+        Some(Opcode::Open | Opcode::Create) => fuse_wire::map_open_flags(msg, driver_flags),
         _ => {}
     }
     if unique & abi::UNIQUE_RESEND != 0 {

@@ -71,11 +71,11 @@ const PRIMING_READDIR_SIZE: u32 = 4096;
 /// Offset of `unique` in `fuse_in_header`.
 const UNIQUE_AT: usize = std::mem::offset_of!(fuse_wire::InHeader, unique);
 
-/// Flags a handle is reopened with: what it was opened with, less what only makes sense once
-/// and what no driver gets through the channel (see `requests::DRIVER_LESS`).
+/// Flags a handle is reopened with: what it was opened with, less what only makes sense once,
+/// as the channel gives them to a driver (see `requests::driver_flags`).
 fn reopen_flags(flags: u32) -> u32 {
     use rustix::fs::OFlags;
-    flags & !(OFlags::CREATE | OFlags::EXCL | OFlags::TRUNC).bits() & !super::requests::DRIVER_LESS
+    super::requests::driver_flags(flags & !(OFlags::CREATE | OFlags::EXCL | OFlags::TRUNC).bits())
 }
 
 /// Driver `generation`'s id for the kernel's `node`: looked up by path, parents first, if the
