@@ -338,6 +338,25 @@ def test_a_driver_that_closes_its_channel_and_then_unmounts_ends_the_run(workdir
     assert not mounts.is_mounted(mnt)
 
 
+def test_a_driver_that_unmounts_after_its_channel_closed_is_not_taken_for_a_crash(workdir,
+                                                                                  rebound_bin):
+    """Fast mode: a driver that closes its channel, sees a process of its own end (sshfs's ssh
+    client) and then unmounts. The process's end made rebound look for the channel's holder,
+    find none, and restart the driver as crashed (sshfs, 1 run in 15); its unmount must end
+    the run instead, with its exit status."""
+    mnt = workdir / "mnt"
+    mnt.mkdir()
+    config = workdir / "fast.toml"
+    config.write_text('mode = "fast"\n')
+    rc, _, err, _ = mounts.run_rebound(
+        ["run", "--config", str(config), "--", sys.executable, str(rogue()),
+         "--close-fork-then-unmount", str(mnt)], timeout=30)
+    assert rc == 0, err
+    assert "fast mode" in err, err
+    assert "restarting" not in err and "the driver unmounted its file system" in err, err
+    assert not mounts.is_mounted(mnt)
+
+
 def test_status_reports_the_mount_and_what_the_kernel_holds(running, workdir):
     src = workdir / "src"
     src.mkdir()
