@@ -144,8 +144,11 @@ pub fn mask_init_request(buf: &mut [u8]) {
 /// request; any other is left untouched. (The flags are the caller's `open(2)` flags, whose
 /// values differ between architectures: `change` names them.)
 pub fn map_open_flags(buf: &mut [u8], change: impl FnOnce(u32) -> u32) {
-    let Ok(req) = Request::parse(buf) else { return };
-    if !matches!(req.opcode, Some(Opcode::Open | Opcode::Create)) {
+    // The header alone: the caller parsed the request already (this is on the request path).
+    let Ok((header, _)) = InHeader::read_from_prefix(buf) else {
+        return;
+    };
+    if ![Opcode::Open as u32, Opcode::Create as u32].contains(&header.opcode) {
         return;
     }
     if let Ok((mut open, _)) = OpenIn::read_from_prefix(&buf[size::IN_HEADER..]) {
