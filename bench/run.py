@@ -429,14 +429,19 @@ def w_compile(mnt, q):
 def w_latency(mnt, q):
     """Latency of a single stat and of a single 4 KiB read whose page was dropped from the
     cache first (median, p99). The stat is answered by the driver when the attribute cache has
-    expired, which FUSE defaults keep short. 20,000 samples of each: the p99 of 2,000 (their
-    20 slowest) differed up to 3.8x between repetitions of one target (runs of 2026-11-28); with
-    20,000 it still did, up to 4x: that spread is the host's."""
+    expired, which FUSE defaults keep short. 20,000 samples of each per repetition, spread over
+    MOUNTS_PER_REP mounts: the p99 of 2,000 (their 20 slowest) differed up to 3.8x between
+    repetitions of one target (runs of 2026-11-28); with 20,000 on one mount it still did, up
+    to 4x: that spread is the host's. The first LATENCY_WARM_UP rounds are not counted."""
     f = Path(mnt) / "lat"
     f.write_bytes(os.urandom(1 << 20))
     stats, reads = [], []
     fd = os.open(f, os.O_RDONLY)
-    for i in range(q["lat_samples"]):
+    samples = q["lat_samples"] // MOUNTS_PER_REP["latency"]
+    for i in range(-LATENCY_WARM_UP, samples):
+        if i == 0:
+            stats.clear()
+            reads.clear()
         t = time.perf_counter_ns()
         os.stat(f)
         stats.append((time.perf_counter_ns() - t) / 1000)
@@ -465,6 +470,17 @@ WORKLOADS = {
     "compile": w_compile,
     "latency": w_latency,
 }
+# Workloads measured on more fresh mounts per repetition, each with a share of the samples.
+# A stat's latency is set by where the mount's kernel objects and the driver's threads land:
+# a directly mounted passthrough_ll answered in a median 11-12 µs on some mounts and 15-17 µs
+# on others, and three mounts side by side moved between the two together (2026-11-29,
+# bench/results/latency-mounts-2026-11-29.md). Three mounts per target cannot tell a 5% cost
+# from that; twelve, with the same 20,000 samples in all, come closer.
+MOUNTS_PER_REP = {"latency": 4}
+# Rounds of the latency loop run before it counts: on a fresh mount, a stat is slower for its
+# first 3,000-5,000 rounds (passthrough_ll directly: 12-18 µs, then 11.2 µs;
+# bench/spikes/latency-levels.py), on every target alike. Users see the steady state.
+LATENCY_WARM_UP = 5000
 READS = ("seq_read_1M", "rand_read_4k", "rand_read_4k_qd16")  # read files fio laid out before
 ROW_KEYS = ("driver", "workload", "target", "rep", "loadavg", "wall_s", "rebound_cpu_s",
             "rebound_requests", "error")
@@ -521,7 +537,7 @@ def run(args, meta, sink):
                     print(f"bench: no {LUA_SRC} (tests/setup.sh): compile skipped",
                           file=sys.stderr)
                     continue
-                for rep in range(args.reps):
+                for rep in range(args.reps * MOUNTS_PER_REP.get(name, 1)):
                     for target in order_of(names, rep):
                         row = measure(targets[target], name, rep, q)
                         results.append(row)
