@@ -11,7 +11,7 @@ pub mod redo;
 
 pub use inflight::{Inflight, InflightTable, Patches, RequestBytes, RequestStore};
 pub use objects::{
-    DriverForget, DriverNode, Handle, JournalError, Node, ObjectSnapshot, ObjectTable,
-    PendingChange, RestorePlan, ToDriver, Untranslated, MAX_PENDING,
+    reply_records, DriverForget, DriverNode, Handle, JournalError, Node, ObjectSnapshot,
+    ObjectTable, PendingChange, RestorePlan, ToDriver, Untranslated, MAX_PENDING,
 };
 pub use redo::{Mutation, RedoLog, RedoSnapshot};

@@ -32,7 +32,7 @@ use crate::inflight::Patches;
 mod journal;
 mod restart;
 mod snapshot;
-pub use journal::JournalError;
+pub use journal::{reply_records, JournalError};
 pub use restart::{PathStep, RestorePlan};
 pub use snapshot::ObjectSnapshot;
 

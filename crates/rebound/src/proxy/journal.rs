@@ -10,12 +10,15 @@
 //! never behind what the kernel was told (beside the path, where the kernel has each reply
 //! before rebound sees it, an observed batch is written at its end). When a file grows past
 //! [`COMPACT_AT`], the next one starts with a new snapshot, and only then is the old one
-//! removed: a reader takes the newest file whose snapshot is whole. A frame cut short by rebound's death is the last, and
-//! is ignored (its reply never reached the kernel).
+//! removed: a reader takes the newest file whose snapshot is whole. The replies of the latest
+//! records go over to the new file (as `tracker::reply_records`), since a reply may still be on
+//! its way to the kernel. A frame cut short by rebound's death is the last, and is ignored (its
+//! reply never reached the kernel).
 //!
 //! Owns: the files' form, writing and reading them. Must not: decide what is journaled (the
 //! tracker does) or when a successor reads it (the keeper does).
 
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -27,6 +30,12 @@ use super::{lock, Shared};
 
 /// A file is started anew, with a snapshot, past this size.
 const COMPACT_AT: u64 = 32 << 20;
+
+/// How many of the latest flushes' records, and how many bytes of them at most, a new file
+/// takes the replies of. A reply is committed and not yet written only for the requests
+/// rebound is answering (one per reader thread, and recovery's): a handful of flushes.
+const RECENT_FLUSHES: usize = 16;
+const RECENT_BYTES: usize = 8 << 20;
 
 const SNAPSHOT: u8 = 1;
 const RECORDS: u8 = 2;
@@ -53,6 +62,36 @@ struct Current {
     size: u64,
     /// A write failed (logged once): the journal is no longer trusted, or written.
     failed: bool,
+    recent: RecentRecords,
+}
+
+/// The records of the latest flushes, newest last, bounded by [`RECENT_FLUSHES`] and
+/// [`RECENT_BYTES`].
+#[derive(Default)]
+struct RecentRecords {
+    flushes: VecDeque<Vec<u8>>,
+    bytes: usize,
+}
+
+impl RecentRecords {
+    fn keep(&mut self, records: Vec<u8>) {
+        self.bytes += records.len();
+        self.flushes.push_back(records);
+        while self.flushes.len() > RECENT_FLUSHES || self.bytes > RECENT_BYTES {
+            let Some(oldest) = self.flushes.pop_front() else {
+                break;
+            };
+            self.bytes -= oldest.len();
+        }
+    }
+
+    /// Their replies, as records that change nothing when replayed.
+    fn replies(&self) -> Vec<u8> {
+        self.flushes
+            .iter()
+            .flat_map(|records| tracker::reply_records(records))
+            .collect()
+    }
 }
 
 /// What a journal gives back.
@@ -87,7 +126,7 @@ impl Journal {
         table.keep_journal();
         let _ = table.take_journal();
         let redo = shared.redo.as_ref().map(lock);
-        let (file, size) = start_file(dir, 0, &table.snapshot(), redo.as_deref(), shared)?;
+        let (file, size) = start_file(dir, 0, &table.snapshot(), redo.as_deref(), &[], shared)?;
         Ok(Journal {
             dir: dir.to_path_buf(),
             file: Mutex::new(Current {
@@ -95,6 +134,7 @@ impl Journal {
                 number: 0,
                 size,
                 failed: false,
+                recent: RecentRecords::default(),
             }),
         })
     }
@@ -107,7 +147,8 @@ impl Journal {
         }
         self.append(RECORDS, &records);
         let due = {
-            let current = lock(&self.file);
+            let mut current = lock(&self.file);
+            current.recent.keep(records);
             current.size > COMPACT_AT && !current.failed
         };
         if due {
@@ -160,8 +201,17 @@ impl Journal {
         let redo = shared.redo.as_ref().map(lock);
         let mut current = lock(&self.file);
         let number = current.number + 1;
-        match start_file(&self.dir, number, snapshot, redo.as_deref(), shared) {
+        let replies = current.recent.replies();
+        match start_file(
+            &self.dir,
+            number,
+            snapshot,
+            redo.as_deref(),
+            &replies,
+            shared,
+        ) {
             Ok((file, size)) => {
+                let recent = std::mem::take(&mut current.recent);
                 let old = std::mem::replace(
                     &mut *current,
                     Current {
@@ -169,6 +219,7 @@ impl Journal {
                         number,
                         size,
                         failed: false,
+                        recent,
                     },
                 );
                 let _ = std::fs::remove_file(file_path(&self.dir, old.number));
@@ -206,12 +257,14 @@ pub(super) fn file_of(snapshot: &ObjectSnapshot, records: &[u8]) -> Vec<u8> {
     bytes
 }
 
-/// Writes `journal.NUMBER` with the snapshot and what the proxy keeps beside the table.
+/// Writes `journal.NUMBER` with the snapshot, what the proxy keeps beside the table, and the
+/// `replies` carried over from the file before.
 fn start_file(
     dir: &Path,
     number: u64,
     snapshot: &ObjectSnapshot,
     redo: Option<&RedoLog>,
+    replies: &[u8],
     shared: &Shared,
 ) -> io::Result<(File, u64)> {
     let mut bytes = snapshot_frames(snapshot)?;
@@ -226,6 +279,9 @@ fn start_file(
     }
     if let Some(attr) = lock(&shared.root_attr).as_deref() {
         bytes.extend(frame(ROOT_ATTR, attr));
+    }
+    if !replies.is_empty() {
+        bytes.extend(frame(RECORDS, replies));
     }
     let mut file = OpenOptions::new()
         .create(true)
@@ -345,6 +401,62 @@ mod tests {
         );
         assert!(read_file(&bytes[5..whole]).is_err());
         assert!(read_file(&[]).is_err());
+    }
+
+    /// What `flush` journals for an OPEN of `node` answered with `fh`, request `unique`.
+    fn opened(table: &mut ObjectTable, unique: u64, node: u64, fh: u64) -> (Vec<u8>, Vec<u8>) {
+        let mut reply = fh.to_ne_bytes().to_vec();
+        reply.resize(16, 0);
+        let open = tracker::PendingChange::Open {
+            node,
+            flags: 2,
+            dir: false,
+        };
+        table.on_success(unique, open, &mut reply.clone());
+        (table.take_journal(), reply)
+    }
+
+    #[test]
+    fn a_new_file_keeps_the_latest_replies_and_applies_their_changes_once() {
+        let mut table = ObjectTable::new();
+        table.set_kernel_holds_driver_handles(true);
+        table.keep_journal();
+        let mut recent = RecentRecords::default();
+        let mut replies = Vec::new();
+        for k in 0..RECENT_FLUSHES as u64 + 4 {
+            let (records, reply) = opened(&mut table, 100 + k, 5 + k, 70 + k);
+            recent.keep(records);
+            replies.push((100 + k, reply));
+        }
+        // The journal compacted right after the last commit: the new file is the snapshot,
+        // which holds every change, and the replies carried over.
+        let mut bytes = snapshot_frames(&table.snapshot()).unwrap();
+        bytes.extend(frame(RECORDS, &recent.replies()));
+        let mut successor = read_file(&bytes).unwrap().objects;
+        for (unique, _) in &replies[..4] {
+            assert_eq!(
+                successor.take_replayed_reply(*unique),
+                None,
+                "older than kept"
+            );
+        }
+        for (unique, reply) in &replies[4..] {
+            let resent = unique | fuse_wire::abi::UNIQUE_RESEND;
+            assert_eq!(successor.take_replayed_reply(resent).as_ref(), Some(reply));
+        }
+        let last = RECENT_FLUSHES as u64 + 3;
+        assert!(
+            !successor.releases_an_earlier_use(70 + last, false, 5 + last),
+            "the change was applied again over the snapshot"
+        );
+        // Carrying the records themselves over would have applied it twice.
+        let mut twice = snapshot_frames(&table.snapshot()).unwrap();
+        twice.extend(frame(RECORDS, &recent.flushes[RECENT_FLUSHES - 1]));
+        assert!(read_file(&twice).unwrap().objects.releases_an_earlier_use(
+            70 + last,
+            false,
+            5 + last
+        ));
     }
 
     #[test]

@@ -53,6 +53,29 @@ pub(super) enum Record {
         change: PendingChange,
         reply: Vec<u8>,
     },
+    /// The reply of a success whose change a snapshot already holds: carried over into a new
+    /// journal file, so that compacting the journal between a commit and its reply keeps the
+    /// reply for a successor (see [`reply_records`]).
+    Replied {
+        unique: u64,
+        reply: Vec<u8>,
+    },
+}
+
+/// The replies of the successes among `records` (as [`ObjectTable::take_journal`] gave them),
+/// as records that give a replayed table those replies to answer by and change nothing: what
+/// a journal file started from a snapshot carries over from the file before. Records after
+/// one that cannot be read are left out.
+pub fn reply_records(mut records: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Ok((record, rest)) = postcard::take_from_bytes::<Record>(records) {
+        records = rest;
+        if let Record::SuccessOf { unique, reply, .. } | Record::Replied { unique, reply } = record
+        {
+            out = postcard::to_extend(&Record::Replied { unique, reply }, out).unwrap_or_default();
+        }
+    }
+    out
 }
 
 /// How many of the latest committed replies a replay keeps, and how many bytes of them at
@@ -198,6 +221,7 @@ impl ObjectTable {
                     let _ = self.release(fh, dir, node);
                 }
                 Record::Locked { fh, request } => self.locked(fh, Arc::from(request)),
+                Record::Replied { unique, reply } => self.replayed_replies.keep(unique, reply),
             }
         };
         self.journal = journal;
