@@ -804,7 +804,12 @@ def render(metas, results, command, png=None):
         f"{m['reps']} repetitions per target, interleaved (the target order rotates each "
         "repetition" + ("; direct is measured right between the default mode and the control"
                         if CONTROL in compared else "")
-        + "); each measurement on a fresh mount. rebound-fast and rebound-guarded are "
+        + "); each measurement on a fresh mount"
+        + "".join(f"; {w} on {k} mounts per repetition, each with 1/{k} of the samples (n "
+                  "counts the mounts)" for w, k in MOUNTS_PER_REP.items()
+                  if any(r.get("workload") == w and r.get("rep", 0) >= m["reps"]
+                         for r in results))
+        + ". rebound-fast and rebound-guarded are "
         "rebound in its two data paths (`mode` in its config; fast is the default). Cells: "
         "median (min–max). rebound/direct is the ratio of the medians, > 1 is faster (for seconds and µs, the "
         "inverse), with the min–max of the ratios of the same repetition in parentheses; ✗ "

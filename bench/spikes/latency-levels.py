@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""How a stat's latency moves between mounts and within one: mounts the driver directly
-MOUNTS times afresh (as bench/run.py mounts each target) and, on each, runs bench/run.py's
-latency loop (stat, drop the page, read 4 KiB) in CHUNKS chunks of 1,000, printing the median
-stat of each chunk. A level that holds within a mount and differs between mounts is what
-bench/run.py's MOUNTS_PER_REP is for. Halt polling as bench/run.py sets it. Run as root after
-tests/setup.sh.
+"""How a stat's latency moves between mounts and within one, and the floor it returns to: for
+ROUNDS rounds, mounts the driver afresh once per target (directly, and under rebound once per
+NAME=CONFIG variant, rotated order) and runs bench/run.py's latency loop (stat, drop the page,
+read 4 KiB) on each in CHUNKS chunks of 1,000, printing the median stat of each chunk.
 
-With `fast` after the arguments, the driver is mounted under rebound in fast mode instead.
+A mount starts slow and reaches its floor after some thousand rounds; after it, episodes of a
+slower level come and go. So per mount, its floor: the lower quartile of its chunk medians
+after the first WARM_CHUNKS; per target at the end, the median of its mounts' floors and their
+ratio to direct's (> 1 is faster), paired by round. Floors differing by a few tenths of a µs
+show in a few rounds, where medians over whole measurements need dozens.
 
-Usage: bench/spikes/latency-levels.py passthrough_ll 6 10 [fast]"""
+CONFIG is the text of rebound's config file (`\\n` for newlines), e.g. fast='mode = "fast"'.
+Halt polling as bench/run.py sets it. Run as root after tests/setup.sh.
+
+Usage: bench/spikes/latency-levels.py passthrough_ll 6 20 [NAME=CONFIG...]"""
 import os
 import statistics
 import sys
@@ -20,6 +25,8 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 import mounts  # noqa: E402
 import run  # noqa: E402
+
+WARM_CHUNKS = 5
 
 
 def chunk_medians(path, chunks, size=1000):
@@ -40,36 +47,57 @@ def chunk_medians(path, chunks, size=1000):
         os.close(fd)
 
 
+def floor(levels):
+    after = sorted(levels[WARM_CHUNKS:]) or sorted(levels)
+    return after[len(after) // 4]
+
+
+def measure(driver, work, sshd, config, chunks):
+    m = mounts.Mount(driver, "direct" if config is None else "rebound", work, sshd=sshd,
+                     config=config)
+    m.start()
+    try:
+        if config is not None:
+            run.wait_for(lambda: mounts.rebound_ready(m.mnt), 10, "rebound status: ready")
+        run.settle(m.mnt)
+        f = m.mnt / "lat"
+        f.write_bytes(os.urandom(1 << 20))
+        levels = chunk_medians(f, chunks)
+        f.unlink()
+        return levels
+    finally:
+        m.stop()
+
+
 def main():
-    if len(sys.argv) not in (4, 5) or sys.argv[4:] not in ([], ["fast"]):
+    if len(sys.argv) < 4:
         sys.exit(__doc__)
-    driver, n_mounts, chunks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    fast = sys.argv[4:] == ["fast"]
+    driver, rounds, chunks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    targets = {"direct": None}
+    for arg in sys.argv[4:]:
+        name, _, config = arg.partition("=")
+        targets[name] = config.replace("\\n", "\n") + "\n"
+    names = list(targets)
+    floors = {name: [] for name in names}
     work = mounts.new_workdir("latency-levels")
     sshd = mounts.start_sshd() if driver == "sshfs" else None
     try:
         mounts.Mount(driver, "direct", work, sshd=sshd).prepare(1 << 30)
         with run.halt_polling(run.KERNEL_HALT_POLL_NS):
-            for k in range(n_mounts):
-                m = mounts.Mount(driver, "rebound" if fast else "direct", work, sshd=sshd,
-                                 config='mode = "fast"\n' if fast else None)
-                m.start()
-                try:
-                    if fast:
-                        run.wait_for(lambda: mounts.rebound_ready(m.mnt), 10, "rebound ready")
-                    run.settle(m.mnt)
-                    f = m.mnt / "lat"
-                    f.write_bytes(os.urandom(1 << 20))
-                    levels = chunk_medians(f, chunks)
-                    f.unlink()
-                finally:
-                    m.stop()
-                print(f"mount {k}: " + " ".join(f"{x:.1f}" for x in levels)
-                      + f"  (median {statistics.median(levels):.1f} µs)", flush=True)
+            for r in range(rounds):
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    levels = measure(driver, work, sshd, targets[name], chunks)
+                    floors[name].append(floor(levels))
+                    print(f"round {r} {name}: " + " ".join(f"{x:.1f}" for x in levels)
+                          + f"  (floor {floors[name][-1]:.2f} µs)", flush=True)
     finally:
         if sshd is not None:
             sshd.stop()
         mounts.remove_workdir(work)
+    for name in names:
+        ratios = [d / x for x, d in zip(floors[name], floors["direct"])]
+        print(f"{name}: floor median {statistics.median(floors[name]):.2f} µs, /direct paired "
+              f"median {statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f})")
 
 
 if __name__ == "__main__":
