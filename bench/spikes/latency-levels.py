@@ -10,7 +10,8 @@ after the first WARM_CHUNKS; per target at the end, the median of its mounts' fl
 ratio to direct's (> 1 is faster), paired by round. Floors differing by a few tenths of a µs
 show in a few rounds, where medians over whole measurements need dozens.
 
-CONFIG is the text of rebound's config file (`\\n` for newlines), e.g. fast='mode = "fast"'.
+CONFIG is the text of rebound's config file (`\\n` for newlines), e.g. fast='mode = "fast"';
+CONFIG@BINARY mounts with another rebound build.
 Halt polling as bench/run.py sets it. Run as root after tests/setup.sh.
 
 Usage: bench/spikes/latency-levels.py passthrough_ll 6 20 [NAME=CONFIG...]"""
@@ -52,9 +53,9 @@ def floor(levels):
     return after[len(after) // 4]
 
 
-def measure(driver, work, sshd, config, chunks):
+def measure(driver, work, sshd, config, binary, chunks):
     m = mounts.Mount(driver, "direct" if config is None else "rebound", work, sshd=sshd,
-                     config=config)
+                     config=config, rebound=binary)
     m.start()
     try:
         if config is not None:
@@ -73,10 +74,11 @@ def main():
     if len(sys.argv) < 4:
         sys.exit(__doc__)
     driver, rounds, chunks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    targets = {"direct": None}
+    targets = {"direct": (None, None)}
     for arg in sys.argv[4:]:
-        name, _, config = arg.partition("=")
-        targets[name] = config.replace("\\n", "\n") + "\n"
+        name, _, spec = arg.partition("=")
+        config, _, binary = spec.partition("@")
+        targets[name] = (config.replace("\\n", "\n") + "\n", Path(binary) if binary else None)
     names = list(targets)
     floors = {name: [] for name in names}
     work = mounts.new_workdir("latency-levels")
@@ -86,7 +88,7 @@ def main():
         with run.halt_polling(run.KERNEL_HALT_POLL_NS):
             for r in range(rounds):
                 for name in names[r % len(names):] + names[:r % len(names)]:
-                    levels = measure(driver, work, sshd, targets[name], chunks)
+                    levels = measure(driver, work, sshd, *targets[name], chunks)
                     floors[name].append(floor(levels))
                     print(f"round {r} {name}: " + " ".join(f"{x:.1f}" for x in levels)
                           + f"  (floor {floors[name][-1]:.2f} µs)", flush=True)
