@@ -33,6 +33,7 @@ tests/e2e/mounts.py.
 import argparse
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import mmap
@@ -455,7 +456,50 @@ def w_latency(mnt, q):
     def p99(xs):
         return sorted(xs)[int(len(xs) * 0.99) - 1]
     return {"stat_med_us": statistics.median(stats), "stat_p99_us": p99(stats),
-            "read4k_med_us": statistics.median(reads), "read4k_p99_us": p99(reads)}
+            "read4k_med_us": statistics.median(reads), "read4k_p99_us": p99(reads),
+            HIST: {"stat": histogram(stats), "read4k": histogram(reads)}}
+
+
+# A row's latency samples, kept as a histogram (HIST: {"stat": ..., "read4k": ...}) so that a
+# target's quantiles are taken over the samples of all its mounts together: the p99 of one
+# mount (its 50 slowest of 5,000) moved by a third between runs, for the control as much.
+HIST = "hist"
+HIST_STEP = 1.02  # bucket k holds [HIST_STEP**k, HIST_STEP**(k+1)) µs: quantiles within 1%
+
+
+def histogram(xs):
+    counts = {}
+    for x in xs:
+        k = math.floor(math.log(max(x, 0.01), HIST_STEP))
+        counts[k] = counts.get(k, 0) + 1
+    return {str(k): n for k, n in sorted(counts.items())}
+
+
+def pooled_quantile(hists, q):
+    """The q-quantile of the samples of all of hists together (geometric middle of its
+    bucket)."""
+    total = {}
+    for h in hists:
+        for k, n in h.items():
+            total[int(k)] = total.get(int(k), 0) + n
+    rank = max(1, math.ceil(q * sum(total.values())))
+    seen = 0
+    for k in sorted(total):
+        seen += total[k]
+        if seen >= rank:
+            return HIST_STEP ** (k + 0.5)
+    raise ValueError("empty histogram")
+
+
+def pooled(rows, metric):
+    """A latency metric (`stat_p99_us`, ...) over all rows' samples together, or None when a
+    row has no histogram of it (runs before 2026-11-29 11:00)."""
+    parts = metric.split("_")
+    quantile = {"med": 0.5, "p99": 0.99}.get(parts[1]) if len(parts) == 3 else None
+    hists = [r.get(HIST, {}).get(parts[0]) for r in rows]
+    if quantile is None or not rows or None in hists:
+        return None
+    return pooled_quantile(hists, quantile)
 
 
 WORKLOADS = {
@@ -483,7 +527,7 @@ MOUNTS_PER_REP = {"latency": 4}
 LATENCY_WARM_UP = 5000
 READS = ("seq_read_1M", "rand_read_4k", "rand_read_4k_qd16")  # read files fio laid out before
 ROW_KEYS = ("driver", "workload", "target", "rep", "loadavg", "wall_s", "rebound_cpu_s",
-            "rebound_requests", "error")
+            "rebound_requests", "error", "mount", "hist")
 
 
 def lower_is_better(metric):
@@ -537,9 +581,12 @@ def run(args, meta, sink):
                     print(f"bench: no {LUA_SRC} (tests/setup.sh): compile skipped",
                           file=sys.stderr)
                     continue
-                for rep in range(args.reps * MOUNTS_PER_REP.get(name, 1)):
-                    for target in order_of(names, rep):
+                mounts_per_rep = MOUNTS_PER_REP.get(name, 1)
+                for rep, mount in itertools.product(range(args.reps), range(mounts_per_rep)):
+                    for target in order_of(names, rep * mounts_per_rep + mount):
                         row = measure(targets[target], name, rep, q)
+                        if mounts_per_rep > 1:
+                            row["mount"] = mount
                         results.append(row)
                         line = json.dumps(row)
                         print(line, flush=True)
@@ -631,15 +678,32 @@ def summarize(results):
         for metric in metrics:
             vals = {t: [r[metric] for r in by[t]] for t in targets}
             med = {t: statistics.median(v) for t, v in vals.items()}
+            # A workload on several mounts per repetition: the repetition's figure is that of
+            # its mounts' samples together where the rows keep them (latency), and the
+            # target's, that of all its mounts'.
+            pools = {t: pooled(by[t], metric) for t in targets}
+            if None not in pools.values():
+                med = pools
+
+            def figure(rows):
+                together = pooled(rows, metric)
+                return together if together is not None else statistics.median(
+                    r[metric] for r in rows)
+
+            def by_rep(t):
+                reps = {}
+                for r in by[t]:
+                    reps.setdefault(r["rep"], []).append(r)
+                return {k: figure(rs) for k, rs in reps.items()}
 
             def ratio(a, b):  # "how much of b's performance a reaches": > 1 is faster
                 return b / a if lower_is_better(metric) else a / b
-            direct = {r["rep"]: r[metric] for r in by["direct"]}
+            direct = by_rep("direct")
             out.append({"driver": driver, "workload": workload, "metric": metric,
                         "n": min(len(v) for v in vals.values()), "median": med, "values": vals,
                         "ratio": {t: ratio(med[t], med["direct"]) for t in compared},
-                        "paired": {t: [ratio(r[metric], direct[r["rep"]]) for r in by[t]
-                                       if r["rep"] in direct] for t in compared},
+                        "paired": {t: [ratio(x, direct[k]) for k, x in by_rep(t).items()
+                                       if k in direct] for t in compared},
                         "direct/kernel": ratio(med["direct"], med["kernel"]),
                         "cpu_us_per_request": cpu, "requests": requests, "notes": notes})
     return out
@@ -806,8 +870,10 @@ def render(metas, results, command, png=None):
                         if CONTROL in compared else "")
         + "); each measurement on a fresh mount"
         + "".join(f"; {w} on {k} mounts per repetition, each with 1/{k} of the samples (n "
-                  "counts the mounts)" for w, k in MOUNTS_PER_REP.items()
-                  if any(r.get("workload") == w and r.get("rep", 0) >= m["reps"]
+                  "counts the mounts; where the rows keep their samples, a target's figure is "
+                  "the quantile of all its mounts' samples together, a repetition's of its "
+                  f"{k} mounts')" for w, k in MOUNTS_PER_REP.items()
+                  if any(r.get("workload") == w and ("mount" in r or r["rep"] >= m["reps"])
                          for r in results))
         + ". rebound-fast and rebound-guarded are "
         "rebound in its two data paths (`mode` in its config; fast is the default). Cells: "

@@ -53,7 +53,8 @@ def main():
     finally:
         mounts.remove_workdir(work)
     for name, rows in results.items():
-        print(name, " ".join(f"{k}={statistics.median(x[k] for x in rows):.1f}" for k in rows[0]))
+        print(name, " ".join(f"{k}={statistics.median(x[k] for x in rows):.1f}" for k in rows[0]
+                             if k != run.HIST))
 
 
 if __name__ == "__main__":
