@@ -493,7 +493,7 @@ def pooled_quantile(hists, q):
 
 def pooled(rows, metric):
     """A latency metric (`stat_p99_us`, ...) over all rows' samples together, or None when a
-    row has no histogram of it (runs before 2026-11-29 11:00)."""
+    row has no histogram of it (runs before commit 9a65046)."""
     parts = metric.split("_")
     quantile = {"med": 0.5, "p99": 0.99}.get(parts[1]) if len(parts) == 3 else None
     hists = [r.get(HIST, {}).get(parts[0]) for r in rows]

@@ -1,38 +1,21 @@
 #!/usr/bin/env python3
 """Fast mode beside the control over several full benchmark runs: for every row of every run
-(ratio of medians to direct, as bench/run.py's tables), whether rebound-fast measured under
-direct-again, the geometric means of both over all rows, and the mean of fast/control by
-repetition position (each run rotates the target order by repetition, so a cost of the order
-shows here). Reads bench/run.py's JSON lines; runs nothing.
+(rebound-fast/direct and direct-again/direct, as bench/run.py's tables give them), whether
+fast mode measured under the control, the geometric means of both over all rows, the mean of
+fast/control by repetition (each run rotates the target order by repetition, so a cost of the
+order shows here), and by row across the runs, the rows fast mode is most under the control
+first. Reads bench/run.py's JSON lines (through its own `summarize`); runs nothing.
 
 Usage: bench/spikes/fast-vs-control.py bench/results/RUN.jsonl..."""
-import json
 import math
-import statistics
 import sys
 from collections import defaultdict
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import run  # noqa: E402  (bench/run.py)
 
-def lower_is_better(metric):
-    return metric == "s" or metric.endswith("_us")
-
-
-def load(path):
-    """{(driver, workload, metric, target): {rep: value}}"""
-    rows = defaultdict(dict)
-    with open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            if "meta" in r or "error" in r:
-                continue
-            for k, v in r.items():
-                if k in ("MiB/s", "ops/s", "s") or k.endswith("_us"):
-                    rows[(r["driver"], r["workload"], k, r["target"])][r["rep"]] = v
-    return rows
-
-
-def ratio(a, b, metric):
-    return b / a if lower_is_better(metric) else a / b
+FAST, CONTROL = run.rebound_target("fast"), run.CONTROL
 
 
 def geomean(xs):
@@ -43,18 +26,20 @@ def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     fast, control, by_rep = [], [], defaultdict(list)
+    by_row = defaultdict(lambda: ([], []))
     for path in sys.argv[1:]:
-        rows = load(path)
-        for key in sorted({k[:3] for k in rows if k[3] == "rebound-fast"}):
-            metric = key[2]
-            med = {t: statistics.median(rows[key + (t,)].values())
-                   for t in ("direct", "rebound-fast", "direct-again")}
-            fast.append(ratio(med["rebound-fast"], med["direct"], metric))
-            control.append(ratio(med["direct-again"], med["direct"], metric))
-            for rep, v in rows[key + ("rebound-fast",)].items():
-                c = rows[key + ("direct-again",)].get(rep)
-                if c:
-                    by_rep[rep].append(ratio(v, c, metric))
+        for s in run.summarize(run.load([path])[1]):
+            f, c = s["ratio"].get(FAST), s["ratio"].get(CONTROL)
+            if not f or not c:
+                continue
+            fast.append(f)
+            control.append(c)
+            row = by_row[(s["driver"], s["workload"], s["metric"])]
+            row[0].append(f)
+            row[1].append(c)
+            # Both paired with the same direct measurement, repetition by repetition.
+            for rep, (pf, pc) in enumerate(zip(s["paired"][FAST], s["paired"][CONTROL])):
+                by_rep[rep].append(pf / pc)
     under = sum(f < c for f, c in zip(fast, control))
     n = len(fast)
     print(f"rows: {n}; fast under the control on {under} "
@@ -64,6 +49,11 @@ def main():
     for rep in sorted(by_rep):
         print(f"repetition {rep}: fast/control geometric mean {geomean(by_rep[rep]):.3f} "
               f"over {len(by_rep[rep])} rows")
+    print("by row, geometric means over the runs:")
+    rows = sorted(by_row.items(), key=lambda kv: geomean(kv[1][0]) / geomean(kv[1][1]))
+    for (driver, workload, metric), (f, c) in rows:
+        print(f"  {driver:15} {workload:19} {metric:14} fast {geomean(f):.3f} "
+              f"control {geomean(c):.3f} (fast per run: {' '.join(f'{x:.2f}' for x in f)})")
 
 
 if __name__ == "__main__":
